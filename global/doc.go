@@ -1,0 +1,18 @@
+// Package global is the Redis side of hybridlimit: a classic atomic token
+// bucket for limits decided per request in Redis, and rate leases that share
+// one global rate among many instances.
+//
+// Both run as Lua scripts that read the clock with redis.call('TIME'), so the
+// clocks of the instances never matter, and each script touches exactly one
+// key, so they work on Redis Cluster. Keys carry a TTL and disappear when idle.
+//
+// A rate lease says "instance i may admit r tokens/s on this key until t".
+// Store.Lease grants each instance the smaller of its max-min fair share of
+// the rate and what the other live leases leave free, so the sum of the live
+// grants of a key never exceeds its rate; instances holding more than their
+// fair share shrink at their next renewal. Many leases are renewed in one
+// pipelined round trip.
+//
+// A Store does not decide anything by itself about outages or local quotas;
+// package hybrid composes it with a local limiter and a membership count.
+package global

@@ -1,0 +1,68 @@
+package global_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/global"
+)
+
+func ExampleStore_LeaseKey() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	store := global.New(rdb, "") // no connection is made until a command runs
+	fmt.Println(store.LeaseKey("api", "user-42"))
+	fmt.Println(store.BucketKey("api", "user-42"))
+	// Output:
+	// hybridlimit:{api:user-42}
+	// hybridlimit:{api:user-42}:tb
+}
+
+// This example needs a Redis server, so it is compiled but not run.
+func ExampleStore_TakeN() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	store := global.New(rdb, "")
+
+	// 10 requests per second, bursts of 20, per user.
+	take, err := store.TakeN(context.Background(), "api", "user-42", 10, 20, 1)
+	switch {
+	case err != nil:
+		fmt.Println("redis could not decide:", err)
+	case take.Allowed:
+		fmt.Println("allowed,", take.Remaining, "left")
+	default:
+		fmt.Println("denied, retry after", take.RetryAfter)
+	}
+}
+
+// This example needs a Redis server, so it is compiled but not run.
+func ExampleStore_Lease() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	store := global.New(rdb, "")
+
+	// Instance "web-1" of 4 renews its leases on two keys in one round trip.
+	reqs := []global.LeaseRequest{
+		{Limit: "api", Key: "user-42", Instance: "web-1", Want: 40, Rate: 100, Instances: 4, TTL: 500 * time.Millisecond},
+		{Limit: "api", Key: "user-7", Instance: "web-1", Want: 2, Rate: 100, Instances: 4, TTL: 5 * time.Second},
+	}
+	out := make([]global.Lease, len(reqs))
+	if err := store.Lease(context.Background(), reqs, out); err != nil {
+		fmt.Println("redis unreachable:", err)
+		return
+	}
+	for i, l := range out {
+		if l.Err != nil {
+			fmt.Println(reqs[i].Key, "failed:", l.Err)
+			continue
+		}
+		fmt.Printf("%s: %.1f tokens/s until %v (contended: %v)\n", reqs[i].Key, l.Granted, l.Expires, l.Contended)
+	}
+
+	// On shutdown, free the shares for the other instances at once.
+	_ = store.Release(context.Background(), reqs)
+}

@@ -1,0 +1,261 @@
+package global
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// LeaseRequest asks for, renews or releases one instance's rate lease on one
+// (limit, key).
+type LeaseRequest struct {
+	// Limit and Key name the lease hash, see Store.LeaseKey.
+	Limit, Key string
+	// Instance is the id of the asking instance (its membership name). It
+	// must not be empty.
+	Instance string
+	// Want is the rate in tokens per second the instance asks for. 0 releases
+	// its lease; the instance is then counted, like one that has not asked
+	// yet, as wanting Rate/N in the fair split of the others.
+	Want float64
+	// Rate is the limit's global rate in tokens per second, shared by all
+	// instances.
+	Rate float64
+	// Instances is N, the live instance count, at least 1. For Cold after
+	// the key's lease hash is created, instances that hold no live lease yet
+	// are counted as wanting Rate/N each, so that a cold start does not hand
+	// one instance the whole rate while the others run at their default
+	// share.
+	Instances int
+	// TTL is the lease lifetime, at least one microsecond.
+	TTL time.Duration
+	// Cold is how long after a key's lease hash is created instances that
+	// have not asked yet are counted (see Instances). Zero means TTL.
+	Cold time.Duration
+}
+
+func (r *LeaseRequest) cold() time.Duration {
+	if r.Cold == 0 {
+		return r.TTL
+	}
+	return r.Cold
+}
+
+// validate checks r fully, so that no request Lua would reject reaches Redis.
+func (r *LeaseRequest) validate() error {
+	switch {
+	case r.Instance == "":
+		return fmt.Errorf("%w: empty instance", ErrInvalid)
+	case !finite(r.Want) || r.Want < 0:
+		return fmt.Errorf("%w: want %v is not a non-negative finite number", ErrInvalid, r.Want)
+	case !finite(r.Rate) || r.Rate < 0:
+		return fmt.Errorf("%w: rate %v is not a non-negative finite number", ErrInvalid, r.Rate)
+	case r.Instances < 1:
+		return fmt.Errorf("%w: instances %d is less than 1", ErrInvalid, r.Instances)
+	case r.TTL < time.Microsecond:
+		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, r.TTL)
+	case r.Cold < 0:
+		return fmt.Errorf("%w: cold %v is negative", ErrInvalid, r.Cold)
+	}
+	return nil
+}
+
+// Lease is the answer to one LeaseRequest.
+type Lease struct {
+	// Granted is the rate in tokens per second this instance may admit until
+	// Expires. It is 0 for a release.
+	Granted float64
+	// Fair is this instance's max-min fair share of the rate. Granted < Fair
+	// means other instances still hold more than their share and will shrink
+	// at their next renewal, so asking again soon is worthwhile.
+	Fair float64
+	// Demand is the sum of the live wants, instances not seen yet counted at
+	// Rate/N.
+	Demand float64
+	// Contended reports whether Demand exceeds the rate.
+	Contended bool
+	// Expires is the Redis server time at which the lease ends.
+	Expires time.Time
+	// Err is the failure of this request alone (for example WRONGTYPE at its
+	// key, or an error wrapping ErrInvalid), nil on success. When Err is set
+	// the other fields are zero.
+	Err error
+}
+
+// Lease grants, renews or releases (Want 0) the leases in reqs and stores
+// the answer to reqs[i] in out[i]. All requests go out in one pipeline
+// (go-redis splits it per node on a Cluster); scripts missing from a node's
+// cache are sent again with EVAL in one more pipeline.
+//
+// Each grant is min(fair share, Rate − Σ grants of the other live leases),
+// so the sum of the live grants of a key never exceeds its rate.
+//
+// Invalid requests get an Err wrapping ErrInvalid in out and are not sent.
+// The returned error is non-nil only when the batch as a whole failed (the
+// connection, the context, out shorter than reqs); the elements of out are
+// then unspecified.
+func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) error {
+	if len(out) < len(reqs) {
+		return fmt.Errorf("global: lease: %w: %d results for %d requests", ErrInvalid, len(out), len(reqs))
+	}
+	cmds, err := s.runLeases(ctx, "lease", reqs, func(i int) []any {
+		r := &reqs[i]
+		return []any{
+			r.Instance,
+			formatFloat(r.Want),
+			formatFloat(r.Rate),
+			strconv.Itoa(r.Instances),
+			strconv.FormatInt(int64(r.TTL/time.Microsecond), 10),
+			strconv.FormatInt(int64(r.cold()/time.Microsecond), 10),
+		}
+	}, func(i int) error { return reqs[i].validate() }, out)
+	if err != nil {
+		return err
+	}
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue // invalid, out[i] already set
+		}
+		l, err := parseLease(cmd)
+		if err != nil {
+			err = fmt.Errorf("global: lease %q: %w", reqs[i].Key, err)
+		}
+		out[i] = l
+		out[i].Err = err
+	}
+	return nil
+}
+
+// Release drops the leases of reqs[i].Instance on (reqs[i].Limit,
+// reqs[i].Key) in one pipeline, so that their share is free for the other
+// instances at once. Only Limit, Key and Instance are used. Failures of single
+// requests (an empty instance, WRONGTYPE) are joined into the returned error
+// but do not stop the others.
+func (s *Store) Release(ctx context.Context, reqs []LeaseRequest) error {
+	out := make([]Lease, len(reqs))
+	cmds, err := s.runLeases(ctx, "release", reqs, func(i int) []any {
+		// Want 0 releases; rate, n and ttl only need to be valid.
+		return []any{reqs[i].Instance, "0", "0", "1", "1", "0"}
+	}, func(i int) error {
+		if reqs[i].Instance == "" {
+			return fmt.Errorf("%w: empty instance", ErrInvalid)
+		}
+		return nil
+	}, out)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i, cmd := range cmds {
+		if cmd == nil {
+			errs = append(errs, out[i].Err)
+			continue
+		}
+		if err := cmd.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("global: release %q: %w", reqs[i].Key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runLeases runs lease.lua once per valid request in one pipeline, resending
+// NOSCRIPT failures with EVAL in a second one. cmds[i] is nil for an invalid
+// request, whose error is stored in out[i].Err. It returns an error only when
+// the batch as a whole failed.
+func (s *Store) runLeases(ctx context.Context, op string, reqs []LeaseRequest, args func(int) []any, validate func(int) error, out []Lease) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, len(reqs))
+	keys := make([][]string, len(reqs))
+	valid := 0
+	for i := range reqs {
+		if err := validate(i); err != nil {
+			out[i] = Lease{Err: fmt.Errorf("global: %s %q: %w", op, reqs[i].Key, err)}
+			continue
+		}
+		keys[i] = []string{s.LeaseKey(reqs[i].Limit, reqs[i].Key)}
+		valid++
+	}
+	if valid == 0 {
+		return cmds, nil
+	}
+	pipe := s.rdb.Pipeline()
+	for i := range reqs {
+		if keys[i] != nil {
+			cmds[i] = leaseScript.EvalSha(ctx, pipe, keys[i], args(i)...)
+		}
+	}
+	if err := execPipeline(ctx, pipe); err != nil {
+		return nil, fmt.Errorf("global: %s: %w", op, err)
+	}
+
+	var retry []int
+	for i, cmd := range cmds {
+		if cmd != nil && isNoScript(cmd.Err()) {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) == 0 {
+		return cmds, nil
+	}
+	pipe = s.rdb.Pipeline()
+	for _, i := range retry {
+		cmds[i] = leaseScript.Eval(ctx, pipe, keys[i], args(i)...)
+	}
+	if err := execPipeline(ctx, pipe); err != nil {
+		return nil, fmt.Errorf("global: %s: %w", op, err)
+	}
+	return cmds, nil
+}
+
+// execPipeline executes pipe and returns an error only if it failed as a
+// whole: a context or connection error rather than an error reply to one of
+// its commands, which stays in that command.
+func execPipeline(ctx context.Context, pipe redis.Pipeliner) error {
+	cmds, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	// Exec returns the first command's error; a failed dial is reported
+	// only there, not in the commands.
+	if !isRedisError(err) {
+		return err
+	}
+	for _, cmd := range cmds {
+		if e := cmd.Err(); e != nil && !isRedisError(e) {
+			return e
+		}
+	}
+	return nil
+}
+
+// parseLease reads the reply of lease.lua.
+func parseLease(cmd *redis.Cmd) (Lease, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return Lease{}, err
+	}
+	f, err := replyStrings(v, 5)
+	if err != nil {
+		return Lease{}, err
+	}
+	granted, err1 := strconv.ParseFloat(f[0], 64)
+	fair, err2 := strconv.ParseFloat(f[1], 64)
+	demand, err3 := strconv.ParseFloat(f[2], 64)
+	expiry, err4 := strconv.ParseInt(f[4], 10, 64)
+	if err := errors.Join(err1, err2, err3, err4); err != nil || (f[3] != "0" && f[3] != "1") {
+		return Lease{}, fmt.Errorf("%w: %q", ErrReply, f)
+	}
+	return Lease{
+		Granted:   granted,
+		Fair:      fair,
+		Demand:    demand,
+		Contended: f[3] == "1",
+		Expires:   time.UnixMicro(expiry),
+	}, nil
+}

@@ -1,0 +1,127 @@
+-- Rate lease: grant one instance its share of a global rate, on Redis server time.
+--
+-- KEYS[1]  lease hash: one field "i:<instance>" per instance, value
+--          "granted want expiry_us", and a field "born" with the time (us) the
+--          hash was created
+-- ARGV[1]  instance id (non-empty)
+-- ARGV[2]  want, tokens per second this instance asks for (>= 0; 0 releases)
+-- ARGV[3]  rate, the limit's global rate in tokens per second (>= 0)
+-- ARGV[4]  n, the live instance count (>= 1)
+-- ARGV[5]  ttl_us, lease lifetime in microseconds (>= 1)
+-- ARGV[6]  cold_us, how long after the hash is born instances that have not
+--          asked yet are counted as wanting rate/n (>= 0)
+--
+-- Returns {granted, fair, demand, contended ("0"/"1"), expiry_us}, all strings
+-- because Redis truncates Lua numbers to integers.
+--
+-- Invariant: after every run, the sum of granted over the live leases of the
+-- key is at most rate, because this instance is granted at most rate minus
+-- what the other live leases already hold, and leases only otherwise shrink
+-- (expire or are released).
+local key = KEYS[1]
+local inst = ARGV[1]
+local want = tonumber(ARGV[2])
+local rate = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+local cold = tonumber(ARGV[6])
+if inst == nil or inst == '' or not want or not rate or not n or not ttl or not cold
+    or want < 0 or rate < 0 or n < 1 or ttl < 1 or cold < 0 then
+  return redis.error_reply('ERR hybridlimit: invalid lease arguments')
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- Live leases of the other instances; expired or unreadable fields go.
+local fields = redis.call('HGETALL', key)
+local wants = {}
+local others = 0
+local last = 0 -- latest expiry among the other live leases
+local dead = {}
+local born = nil
+local self = 'i:' .. inst
+for i = 1, #fields, 2 do
+  local id = fields[i]
+  if id == 'born' then
+    born = tonumber(fields[i + 1])
+  else
+  local g, w, e = string.match(fields[i + 1], '^(%S+) (%S+) (%S+)$')
+  g, w, e = tonumber(g), tonumber(w), tonumber(e)
+  if not g or not w or not e or e <= now then
+    dead[#dead + 1] = id
+  elseif id ~= self then
+    wants[#wants + 1] = w
+    others = others + g
+    if e > last then last = e end
+  end
+  end
+end
+if born == nil and want > 0 then
+  born = now
+  redis.call('HSET', key, 'born', string.format('%d', now))
+end
+-- Delete in chunks: unpack is limited by the Lua stack.
+for i = 1, #dead, 1000 do
+  redis.call('HDEL', key, unpack(dead, i, math.min(i + 999, #dead)))
+end
+
+-- This instance, then, while the key is young, the instances that have not
+-- asked yet, each counted as wanting its default share: they may be running
+-- at it already, and counting them keeps cold starts from overshooting. An
+-- instance that first sees the key later starts at its default share too;
+-- DESIGN.md allows one such default share per (instance, key) cold start.
+wants[#wants + 1] = want
+if born ~= nil and now - born < cold then
+  local phantoms = math.floor(n) - #wants
+  for _ = 1, phantoms do
+    wants[#wants + 1] = rate / n
+  end
+end
+
+-- Max-min fair split (water-filling): serve the smallest wants first; the
+-- level is what every want that does not fit is capped at.
+table.sort(wants)
+local demand = 0
+for i = 1, #wants do demand = demand + wants[i] end
+local left = rate
+local level = nil
+for i = 1, #wants do
+  local share = left / (#wants - i + 1)
+  if wants[i] > share then
+    level = share
+    break
+  end
+  left = left - wants[i]
+end
+local fair = want
+if level ~= nil and level < fair then fair = level end
+
+local granted = math.min(fair, rate - others)
+if granted < 0 or want == 0 then granted = 0 end
+
+local expiry = now
+if want == 0 then
+  redis.call('HDEL', key, self)
+else
+  expiry = now + ttl
+  redis.call('HSET', key, self,
+    string.format('%.17g %.17g %d', granted, want, expiry))
+end
+if expiry > last then last = expiry end
+-- The hash lives as long as its latest lease, so it vanishes with the last one.
+if last > now then
+  redis.call('PEXPIRE', key, string.format('%d', math.ceil((last - now) / 1000)))
+else
+  redis.call('DEL', key)
+end
+
+local contended = '0'
+if demand > rate then contended = '1' end
+return {
+  string.format('%.17g', granted),
+  string.format('%.17g', fair),
+  string.format('%.17g', demand),
+  contended,
+  string.format('%d', expiry),
+}

@@ -1,0 +1,503 @@
+package global_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// lease runs one request and fails the test on any error.
+func lease(t *testing.T, store *global.Store, r global.LeaseRequest) global.Lease {
+	t.Helper()
+	out := make([]global.Lease, 1)
+	if err := store.Lease(context.Background(), []global.LeaseRequest{r}, out); err != nil {
+		t.Fatalf("Lease(%+v): %v", r, err)
+	}
+	if out[0].Err != nil {
+		t.Fatalf("Lease(%+v): %v", r, out[0].Err)
+	}
+	return out[0]
+}
+
+func TestLeaseSingle(t *testing.T) {
+	const rate = 100.0
+	tests := []struct {
+		name      string
+		n         int
+		want      float64
+		granted   float64
+		demand    float64
+		contended bool
+	}{
+		{"alone wants less than rate", 1, 30, 30, 30, false},
+		{"alone wants the rate", 1, 100, 100, 100, false},
+		{"alone wants more than rate", 1, 250, 100, 250, true},
+		{"cold of four wants everything", 4, 100, 25, 175, true},
+		{"cold of four wants little", 4, 10, 10, 85, false},
+		{"cold of two wants more", 2, 80, 50, 130, true},
+	}
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := time.Now()
+			got := lease(t, store, global.LeaseRequest{
+				Limit: "single", Key: tt.name, Instance: "a",
+				Want: tt.want, Rate: rate, Instances: tt.n, TTL: time.Second,
+			})
+			if !approx(got.Granted, tt.granted) || !approx(got.Fair, tt.granted) ||
+				!approx(got.Demand, tt.demand) || got.Contended != tt.contended {
+				t.Errorf("Lease = %+v, want granted=fair=%v demand=%v contended=%v", got, tt.granted, tt.demand, tt.contended)
+			}
+			if exp := got.Expires.Sub(before); exp < 900*time.Millisecond || exp > 1100*time.Millisecond {
+				t.Errorf("Expires %v after the call, want about 1s", exp)
+			}
+		})
+	}
+}
+
+func TestLeaseConvergence(t *testing.T) {
+	const rate = 1000.0
+	tests := []struct {
+		name  string
+		wants []float64 // fractions of rate, one per instance
+	}{
+		{"balanced under", []float64{0.2, 0.2, 0.2, 0.2}},
+		{"balanced over", []float64{0.5, 0.5, 0.5, 0.5}},
+		{"skewed under", []float64{0.9, 0.033, 0.033, 0.033}},
+		{"skewed over", []float64{2, 0.1, 0.1, 0.1}},
+		{"all want everything", []float64{1, 1, 1, 1}},
+		// Want 0 releases: the idle instance is then counted like one that
+		// has not asked yet, at rate/N.
+		{"one released", []float64{0.6, 0.6, 0.6, 0}},
+	}
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wants := make([]float64, len(tt.wants))
+			for i, w := range tt.wants {
+				wants[i] = w * rate
+			}
+			phantom := make([]float64, len(wants))
+			for i, w := range wants {
+				phantom[i] = w
+				if w == 0 {
+					phantom[i] = rate / float64(len(wants))
+				}
+			}
+			fair := waterFill(rate, phantom)
+			for i, w := range wants {
+				if w == 0 {
+					fair[i] = 0
+				}
+			}
+			key := store.LeaseKey("conv", tt.name)
+			for round := range 4 {
+				for i, w := range wants {
+					got := lease(t, store, global.LeaseRequest{
+						Limit: "conv", Key: tt.name, Instance: fmt.Sprint("i", i),
+						Want: w, Rate: rate, Instances: len(wants), TTL: 10 * time.Second,
+					})
+					checkSum(t, rdb, key, rate, fmt.Sprintf("round %d instance %d", round, i))
+					// From the third round on, every instance has shrunk to
+					// or grown to its max-min fair share.
+					if round >= 2 && (!approx(got.Granted, fair[i]) || !approx(got.Fair, fair[i])) {
+						t.Errorf("round %d instance %d: granted %v fair %v, want %v", round, i, got.Granted, got.Fair, fair[i])
+					}
+					if got.Granted > got.Fair*(1+1e-12) {
+						t.Errorf("round %d instance %d: granted %v above fair %v", round, i, got.Granted, got.Fair)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestLeaseRandomInvariant(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	const (
+		workers   = 4
+		calls     = 400
+		instances = 8
+		keys      = 3
+	)
+	rates := [keys]float64{10, 1000, 0.5}
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			for c := 0; c < calls && !failed.Load(); c++ {
+				k := rng.IntN(keys)
+				rate := rates[k]
+				// Several requests on one key in one pipeline, too.
+				reqs := make([]global.LeaseRequest, 1+rng.IntN(3))
+				for j := range reqs {
+					want := rng.Float64() * 2 * rate
+					if rng.IntN(8) == 0 {
+						want = 0
+					}
+					reqs[j] = global.LeaseRequest{
+						Limit: "rand", Key: fmt.Sprint(k), Instance: fmt.Sprint("i", rng.IntN(instances)),
+						Want: want, Rate: rate, Instances: 1 + rng.IntN(instances+2),
+						TTL: time.Duration(1+rng.IntN(200)) * time.Millisecond,
+					}
+				}
+				out := make([]global.Lease, len(reqs))
+				if err := store.Lease(context.Background(), reqs, out); err != nil {
+					t.Errorf("Lease: %v", err)
+					failed.Store(true)
+					return
+				}
+				for j, l := range out {
+					if l.Err != nil || l.Granted < 0 || l.Granted > rate*(1+1e-12) {
+						t.Errorf("Lease(%+v) = %+v", reqs[j], l)
+						failed.Store(true)
+					}
+				}
+				// Grants only shrink between script runs, so every snapshot
+				// of the hash must satisfy the invariant.
+				key := store.LeaseKey("rand", fmt.Sprint(k))
+				sum := 0.0
+				for _, f := range readLeasesNoFatal(rdb, key) {
+					sum += f.granted
+				}
+				if sum > rate*(1+1e-12)+1e-12 {
+					t.Errorf("worker %d call %d: sum of live grants %v exceeds rate %v", w, c, sum, rate)
+					failed.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// readLeasesNoFatal is readLeases for goroutines other than the test's:
+// unparseable fields count as a huge grant so the caller's check fails.
+func readLeasesNoFatal(rdb *redis.Client, key string) []leaseField {
+	h, err := rdb.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		return []leaseField{{granted: 1e300}}
+	}
+	var out []leaseField
+	for id, v := range h {
+		if id == "born" {
+			continue
+		}
+		var f leaseField
+		if _, err := fmt.Sscanf(v, "%g %g %d", &f.granted, &f.want, &f.expiryUS); err != nil {
+			f.granted = 1e300
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func TestLeaseExpiry(t *testing.T) {
+	const rate = 100.0
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	key := store.LeaseKey("exp", "k")
+	req := func(inst string, n int, ttl time.Duration) global.LeaseRequest {
+		return global.LeaseRequest{Limit: "exp", Key: "k", Instance: inst, Want: rate, Rate: rate, Instances: n, TTL: ttl}
+	}
+
+	if got := lease(t, store, req("short", 2, 50*time.Millisecond)); !approx(got.Granted, 50) {
+		t.Fatalf("short-lived lease granted %v, want 50", got.Granted)
+	}
+	if got := lease(t, store, req("long", 2, 10*time.Second)); !approx(got.Granted, 50) {
+		t.Fatalf("long-lived lease granted %v, want 50", got.Granted)
+	}
+	// The short lease's instance crashed: N drops to 1, and once its lease
+	// has expired the whole rate goes to the survivor.
+	var last global.Lease
+	waitFor(t, "the short lease's share to go to the other instance", func() bool {
+		last = lease(t, store, req("long", 1, 10*time.Second))
+		checkSum(t, rdb, key, rate, "renewal")
+		return approx(last.Granted, rate)
+	})
+	if _, ok := readLeases(t, rdb, key)["short"]; ok {
+		t.Error("expired lease still in the hash")
+	}
+
+	// A lone short lease takes its hash with it.
+	lease(t, store, req("lone", 1, 50*time.Millisecond))
+	loneKey := store.LeaseKey("exp", "lone")
+	if err := rdb.HSet(ctx, loneKey, "x", "1 1 1").Err(); err != nil { // an expired lease, dropped at next run
+		t.Fatalf("HSET: %v", err)
+	}
+	lease(t, store, global.LeaseRequest{Limit: "exp", Key: "lone", Instance: "lone", Want: 1, Rate: rate, Instances: 1, TTL: 50 * time.Millisecond})
+	if pttl, err := rdb.PTTL(ctx, loneKey).Result(); err != nil || pttl <= 0 || pttl > 50*time.Millisecond {
+		t.Fatalf("PTTL of the lease hash = %v, %v; want in (0, 50ms]", pttl, err)
+	}
+	waitFor(t, "the lease hash to expire", func() bool {
+		n, err := rdb.Exists(ctx, loneKey).Result()
+		return err == nil && n == 0
+	})
+}
+
+func TestLeaseRelease(t *testing.T) {
+	const rate = 100.0
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	key := store.LeaseKey("rel", "k")
+	req := func(inst string, want float64) global.LeaseRequest {
+		return global.LeaseRequest{Limit: "rel", Key: "k", Instance: inst, Want: want, Rate: rate, Instances: 2, TTL: 10 * time.Second}
+	}
+
+	lease(t, store, req("a", rate))
+	if got := lease(t, store, req("b", rate)); !approx(got.Granted, 50) || !got.Contended {
+		t.Fatalf("b granted %+v, want 50, contended", got)
+	}
+	if pttl, err := rdb.PTTL(ctx, key).Result(); err != nil || pttl <= 9*time.Second || pttl > 10*time.Second {
+		t.Fatalf("PTTL of the lease hash = %v, %v; want about 10s", pttl, err)
+	}
+
+	// a leaves: N drops to 1. While a's lease lives, b cannot take its share.
+	alone := req("b", rate)
+	alone.Instances = 1
+	if got := lease(t, store, alone); !approx(got.Granted, 50) {
+		t.Fatalf("b alone before the release: %+v, want granted 50", got)
+	}
+	// Releasing a's lease frees its share at once.
+	if err := store.Release(ctx, []global.LeaseRequest{req("a", 0)}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if got := lease(t, store, alone); !approx(got.Granted, rate) || got.Contended {
+		t.Fatalf("after release, b granted %+v, want %v, not contended", got, rate)
+	}
+	checkSum(t, rdb, key, rate, "after release")
+	if _, ok := readLeases(t, rdb, key)["a"]; ok {
+		t.Error("released lease still in the hash")
+	}
+
+	// Want 0 through Lease releases too, and grants nothing.
+	if got := lease(t, store, req("b", 0)); got.Granted != 0 {
+		t.Fatalf("Lease with want 0 granted %v", got.Granted)
+	}
+	if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("lease hash after the last release: EXISTS = %d, %v; want 0", n, err)
+	}
+	// Releasing what is not held is fine.
+	if err := store.Release(ctx, []global.LeaseRequest{req("a", 0), req("zz", 0)}); err != nil {
+		t.Fatalf("Release of missing leases: %v", err)
+	}
+}
+
+func TestLeaseNoScript(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	ctx := context.Background()
+	reqs := make([]global.LeaseRequest, 5)
+	for i := range reqs {
+		reqs[i] = global.LeaseRequest{Limit: "ns", Key: fmt.Sprint(i), Instance: "a", Want: 1, Rate: 10, Instances: 1, TTL: time.Second}
+	}
+	out := make([]global.Lease, len(reqs))
+	for round := range 3 {
+		srv.ScriptFlush(t)
+		if err := store.Lease(ctx, reqs, out); err != nil {
+			t.Fatalf("round %d: Lease after SCRIPT FLUSH: %v", round, err)
+		}
+		for i, l := range out {
+			if l.Err != nil || !approx(l.Granted, 1) {
+				t.Fatalf("round %d: out[%d] = %+v", round, i, l)
+			}
+		}
+	}
+	srv.ScriptFlush(t)
+	if err := store.Release(ctx, reqs); err != nil {
+		t.Fatalf("Release after SCRIPT FLUSH: %v", err)
+	}
+	if st := srv.CommandStats(t); st["eval"] != 4*int64(len(reqs)) {
+		t.Errorf("EVAL calls = %d, want %d (the whole batch, once per flush)", st["eval"], 4*len(reqs))
+	}
+}
+
+// pipelineCounter counts the pipelines a client sends and their commands.
+type pipelineCounter struct {
+	pipelines, cmds, singles atomic.Int64
+}
+
+func (c *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.singles.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.pipelines.Add(1)
+		c.cmds.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+func TestLeaseBatchIsOnePipeline(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+
+	batch := func(n int) []global.LeaseRequest {
+		reqs := make([]global.LeaseRequest, n)
+		for i := range reqs {
+			reqs[i] = global.LeaseRequest{Limit: "batch", Key: fmt.Sprint(i), Instance: "a", Want: 5, Rate: 10, Instances: 2, TTL: time.Second}
+		}
+		return reqs
+	}
+	// Load the script once, so that the batch below needs no fallback.
+	if err := store.Lease(ctx, batch(1), make([]global.Lease, 1)); err != nil {
+		t.Fatalf("warm-up Lease: %v", err)
+	}
+
+	var hook pipelineCounter
+	rdb.AddHook(&hook)
+	before := srv.CommandStats(t)
+	reqs := batch(1000)
+	out := make([]global.Lease, len(reqs))
+	if err := store.Lease(ctx, reqs, out); err != nil {
+		t.Fatalf("Lease of 1000: %v", err)
+	}
+	after := srv.CommandStats(t)
+	for i, l := range out {
+		if l.Err != nil || !approx(l.Granted, 5) {
+			t.Fatalf("out[%d] = %+v", i, l)
+		}
+	}
+	if d := after["evalsha"] - before["evalsha"]; d != 1000 {
+		t.Errorf("EVALSHA calls = %d, want 1000", d)
+	}
+	if d := after["eval"] - before["eval"]; d != 0 {
+		t.Errorf("EVAL calls = %d, want 0", d)
+	}
+	if p, c, s := hook.pipelines.Load(), hook.cmds.Load(), hook.singles.Load(); p != 1 || c != 1000 || s != 0 {
+		t.Errorf("client sent %d pipelines of %d commands and %d single commands, want 1 of 1000 and 0", p, c, s)
+	}
+}
+
+func TestLeaseUniversalClient(t *testing.T) {
+	srv := redistest.Start(t)
+	var rdb redis.UniversalClient = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{srv.Addr}})
+	t.Cleanup(func() { _ = rdb.Close() })
+	store := global.New(rdb, "uni")
+	reqs := []global.LeaseRequest{
+		{Limit: "u", Key: "a", Instance: "x", Want: 3, Rate: 10, Instances: 1, TTL: time.Second},
+		{Limit: "u", Key: "b", Instance: "x", Want: 30, Rate: 10, Instances: 1, TTL: time.Second},
+	}
+	out := make([]global.Lease, len(reqs))
+	if err := store.Lease(context.Background(), reqs, out); err != nil {
+		t.Fatalf("Lease: %v", err)
+	}
+	if !approx(out[0].Granted, 3) || !approx(out[1].Granted, 10) || out[0].Err != nil || out[1].Err != nil {
+		t.Errorf("Lease = %+v, want grants 3 and 10", out)
+	}
+	if _, err := store.TakeN(context.Background(), "u", "a", 1, 1, 1); err != nil {
+		t.Errorf("TakeN: %v", err)
+	}
+}
+
+func TestLeaseWrongType(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	if err := rdb.Set(ctx, store.LeaseKey("wt", "bad"), "not a hash", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	reqs := []global.LeaseRequest{
+		{Limit: "wt", Key: "good1", Instance: "a", Want: 1, Rate: 10, Instances: 1, TTL: time.Second},
+		{Limit: "wt", Key: "bad", Instance: "a", Want: 1, Rate: 10, Instances: 1, TTL: time.Second},
+		{Limit: "wt", Key: "good2", Instance: "a", Want: 1, Rate: 10, Instances: 1, TTL: time.Second},
+	}
+	out := make([]global.Lease, len(reqs))
+	if err := store.Lease(ctx, reqs, out); err != nil {
+		t.Fatalf("Lease: %v", err)
+	}
+	if out[1].Err == nil || !strings.Contains(out[1].Err.Error(), "WRONGTYPE") {
+		t.Errorf("out[1].Err = %v, want WRONGTYPE", out[1].Err)
+	}
+	for _, i := range []int{0, 2} {
+		if out[i].Err != nil || !approx(out[i].Granted, 1) {
+			t.Errorf("out[%d] = %+v, want granted 1", i, out[i])
+		}
+	}
+	if err := store.Release(ctx, reqs); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("Release error = %v, want WRONGTYPE for one key", err)
+	}
+}
+
+func TestLeaseInvalid(t *testing.T) {
+	ok := global.LeaseRequest{Limit: "l", Key: "k", Instance: "a", Want: 1, Rate: 10, Instances: 2, TTL: time.Second}
+	tests := []struct {
+		name string
+		edit func(*global.LeaseRequest)
+	}{
+		{"empty instance", func(r *global.LeaseRequest) { r.Instance = "" }},
+		{"NaN want", func(r *global.LeaseRequest) { r.Want = nan() }},
+		{"infinite want", func(r *global.LeaseRequest) { r.Want = inf() }},
+		{"negative want", func(r *global.LeaseRequest) { r.Want = -1 }},
+		{"NaN rate", func(r *global.LeaseRequest) { r.Rate = nan() }},
+		{"infinite rate", func(r *global.LeaseRequest) { r.Rate = inf() }},
+		{"negative rate", func(r *global.LeaseRequest) { r.Rate = -0.5 }},
+		{"zero instances", func(r *global.LeaseRequest) { r.Instances = 0 }},
+		{"zero ttl", func(r *global.LeaseRequest) { r.TTL = 0 }},
+		{"negative ttl", func(r *global.LeaseRequest) { r.TTL = -time.Second }},
+		{"ttl below a microsecond", func(r *global.LeaseRequest) { r.TTL = time.Nanosecond }},
+	}
+	store := global.New(noNetwork{}, "") // any network call panics
+	ctx := context.Background()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := ok
+			tt.edit(&r)
+			out := make([]global.Lease, 1)
+			if err := store.Lease(ctx, []global.LeaseRequest{r}, out); err != nil {
+				t.Fatalf("Lease returned %v, want the error in out[0].Err", err)
+			}
+			if !errors.Is(out[0].Err, global.ErrInvalid) {
+				t.Errorf("Lease(%+v).Err = %v, want ErrInvalid", r, out[0].Err)
+			}
+		})
+	}
+	if err := store.Lease(ctx, []global.LeaseRequest{ok}, nil); !errors.Is(err, global.ErrInvalid) {
+		t.Errorf("Lease with a short out slice: error = %v, want ErrInvalid", err)
+	}
+	if err := store.Release(ctx, []global.LeaseRequest{{Limit: "l", Key: "k"}}); !errors.Is(err, global.ErrInvalid) {
+		t.Errorf("Release without instance: error = %v, want ErrInvalid", err)
+	}
+
+	// A valid request in the same batch still goes through.
+	srv := redistest.Start(t)
+	store = global.New(srv.Client(t), "")
+	bad := ok
+	bad.Want = -1
+	out := make([]global.Lease, 2)
+	if err := store.Lease(ctx, []global.LeaseRequest{bad, ok}, out); err != nil {
+		t.Fatalf("Lease: %v", err)
+	}
+	if !errors.Is(out[0].Err, global.ErrInvalid) || out[1].Err != nil || !approx(out[1].Granted, 1) {
+		t.Errorf("Lease(bad, ok) = %+v", out)
+	}
+}

@@ -1,0 +1,118 @@
+package global
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrInvalid is wrapped by the errors returned for arguments that cannot be
+// sent to Redis: NaN or infinite rates, negative counts, an empty instance id
+// and the like. Such requests never reach the network.
+var ErrInvalid = errors.New("global: invalid argument")
+
+// ErrReply is wrapped by the errors returned when Redis answers a script with
+// a reply of an unexpected shape.
+var ErrReply = errors.New("global: unexpected reply")
+
+// DefaultPrefix is the key prefix used when New is given an empty prefix.
+const DefaultPrefix = "hybridlimit"
+
+var (
+	//go:embed tokenbucket.lua
+	tokenBucketLua    string
+	tokenBucketScript = redis.NewScript(tokenBucketLua)
+
+	//go:embed lease.lua
+	leaseLua    string
+	leaseScript = redis.NewScript(leaseLua)
+)
+
+// Rediser is the part of a go-redis client that a Store uses. *redis.Client,
+// *redis.ClusterClient, *redis.Ring and redis.UniversalClient all satisfy it.
+type Rediser interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+}
+
+var (
+	_ Rediser = (*redis.Client)(nil)
+	_ Rediser = (*redis.ClusterClient)(nil)
+	_ Rediser = (*redis.Ring)(nil)
+	_ Rediser = redis.UniversalClient(nil)
+)
+
+// Store runs the token bucket and rate lease scripts against Redis. It holds
+// no state of its own besides the client and the prefix, and is safe for
+// concurrent use.
+type Store struct {
+	rdb    Rediser
+	prefix string
+}
+
+// New returns a Store that runs its scripts through rdb and keeps its keys
+// under prefix. An empty prefix means DefaultPrefix.
+func New(rdb Rediser, prefix string) *Store {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return &Store{rdb: rdb, prefix: prefix}
+}
+
+// LeaseKey returns the Redis key of the lease hash of (limit, key):
+// "<prefix>:{<limit>:<key>}". The braces are a Redis Cluster hash tag, so the
+// lease hash and the token bucket of one (limit, key) live in one slot. Limit
+// names should not contain ':', or two (limit, key) pairs may share a key.
+func (s *Store) LeaseKey(limit, key string) string {
+	return s.prefix + ":{" + limit + ":" + key + "}"
+}
+
+// BucketKey returns the Redis key of the token bucket of (limit, key):
+// LeaseKey(limit, key) followed by ":tb".
+func (s *Store) BucketKey(limit, key string) string {
+	return s.LeaseKey(limit, key) + ":tb"
+}
+
+// formatFloat formats f so that Lua's tonumber reads it back exactly.
+func formatFloat(f float64) string {
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// finite reports whether f is neither NaN nor infinite.
+func finite(f float64) bool {
+	return !math.IsNaN(f) && !math.IsInf(f, 0)
+}
+
+// replyStrings checks that v is an array of n strings, as every script returns.
+func replyStrings(v any, n int) ([]string, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) != n {
+		return nil, fmt.Errorf("%w: %T of %d elements, want %d strings", ErrReply, v, len(arr), n)
+	}
+	out := make([]string, n)
+	for i, e := range arr {
+		s, ok := e.(string)
+		if !ok {
+			return nil, fmt.Errorf("%w: element %d is %T, want string", ErrReply, i, e)
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// isNoScript reports whether err is Redis's NOSCRIPT: the script cache was
+// flushed or the node is new, and the script must be sent again with EVAL.
+func isNoScript(err error) bool {
+	return redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// isRedisError reports whether err is an error reply from Redis about one
+// command, as opposed to a failure of the connection or the context.
+func isRedisError(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && !errors.Is(err, redis.ErrClosed)
+}

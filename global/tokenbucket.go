@@ -1,0 +1,79 @@
+package global
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// Take is the outcome of TakeN. A denial is a value, not an error.
+type Take struct {
+	// Allowed reports whether the n tokens were taken.
+	Allowed bool
+	// Remaining is the number of whole tokens left in the bucket after the
+	// call.
+	Remaining int64
+	// RetryAfter is 0 when Allowed; otherwise the time until n tokens will be
+	// in the bucket if nobody else takes any. It is negative when n tokens
+	// can never be there because n exceeds the burst.
+	RetryAfter time.Duration
+}
+
+// TakeN runs the classic atomic token bucket of (limit, key) in Redis: it
+// refills the bucket at ratePerSecond tokens per second up to burst, on Redis
+// server time, and takes n tokens if they are all there, in one step. A denial
+// takes nothing. A bucket that does not exist is full, and the bucket's key
+// expires when it would be full again, so idle keys disappear.
+//
+// ratePerSecond must be positive and finite, burst and n non-negative;
+// otherwise TakeN returns an error wrapping ErrInvalid without calling Redis.
+// Any other error means Redis could not decide; the Take is then zero.
+func (s *Store) TakeN(ctx context.Context, limit, key string, ratePerSecond float64, burst, n int) (Take, error) {
+	switch {
+	case !finite(ratePerSecond) || ratePerSecond <= 0:
+		return Take{}, fmt.Errorf("global: take %q: %w: ratePerSecond %v is not a positive finite number", key, ErrInvalid, ratePerSecond)
+	case burst < 0:
+		return Take{}, fmt.Errorf("global: take %q: %w: burst %d is negative", key, ErrInvalid, burst)
+	case n < 0:
+		return Take{}, fmt.Errorf("global: take %q: %w: n %d is negative", key, ErrInvalid, n)
+	}
+	keys := []string{s.BucketKey(limit, key)}
+	args := []any{formatFloat(ratePerSecond), strconv.Itoa(burst), strconv.Itoa(n)}
+	cmd := tokenBucketScript.EvalSha(ctx, s.rdb, keys, args...)
+	if isNoScript(cmd.Err()) {
+		cmd = tokenBucketScript.Eval(ctx, s.rdb, keys, args...)
+	}
+	v, err := cmd.Result()
+	if err != nil {
+		return Take{}, fmt.Errorf("global: take %q: %w", key, err)
+	}
+	t, err := parseTake(v)
+	if err != nil {
+		return Take{}, fmt.Errorf("global: take %q: %w", key, err)
+	}
+	return t, nil
+}
+
+// parseTake reads the reply of tokenbucket.lua.
+func parseTake(v any) (Take, error) {
+	f, err := replyStrings(v, 3)
+	if err != nil {
+		return Take{}, err
+	}
+	tokens, err1 := strconv.ParseFloat(f[1], 64)
+	retryUS, err2 := strconv.ParseInt(f[2], 10, 64)
+	if (f[0] != "0" && f[0] != "1") || err1 != nil || err2 != nil {
+		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
+	}
+	t := Take{Allowed: f[0] == "1", Remaining: int64(math.Floor(tokens))}
+	switch {
+	case t.Allowed:
+	case retryUS < 0:
+		t.RetryAfter = -1
+	default:
+		t.RetryAfter = time.Duration(retryUS) * time.Microsecond
+	}
+	return t, nil
+}

@@ -1,0 +1,311 @@
+package hybrid
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// Sentinel errors. Errors returned by this package wrap one of them.
+var (
+	// ErrConfig is wrapped by every error New returns for a bad Config.
+	ErrConfig = errors.New("hybrid: invalid config")
+	// ErrClosed is returned by decisions made after Close.
+	ErrClosed = errors.New("hybrid: limiter closed")
+	// ErrUnknownLimit is returned for a limit name the Limiter was not
+	// configured with.
+	ErrUnknownLimit = errors.New("hybrid: unknown limit")
+	// ErrInvalidN is returned when n is below 1.
+	ErrInvalidN = errors.New("hybrid: n must be at least 1")
+	// ErrExceedsBurst is returned, with a denial, when n exceeds the limit's
+	// burst: such a request can never be admitted.
+	ErrExceedsBurst = errors.New("hybrid: n exceeds burst and can never be admitted")
+)
+
+// Never is the RetryAfter of a denial that no amount of waiting can turn
+// into an admission.
+const Never = time.Duration(math.MaxInt64)
+
+// Mode says how a limit decides. The zero value is unset and rejected by New.
+type Mode int
+
+const (
+	// ModeUnset is the zero Mode; New rejects it.
+	ModeUnset Mode = iota
+	// Local decides at rate/N per instance with no Redis at all: right only
+	// when traffic is balanced and N is right.
+	Local
+	// Global runs one atomic token-bucket script in Redis per decision:
+	// exact, one round trip per decision.
+	Global
+	// Hybrid decides in process at a share leased from Redis: bounded
+	// accuracy, one pipeline per instance per renewal tick for all keys.
+	Hybrid
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Local:
+		return "local"
+	case Global:
+		return "global"
+	case Hybrid:
+		return "hybrid"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// Policy says what a limit does while Redis cannot be reached. The zero
+// value is unset and rejected by New: the choice must be explicit.
+type Policy int
+
+const (
+	// PolicyUnset is the zero Policy; New rejects it.
+	PolicyUnset Policy = iota
+	// FailLocal admits at most rate/N per instance, with N the largest
+	// instance count seen within Config.PeakWindow.
+	FailLocal
+	// FailOpen admits every request.
+	FailOpen
+	// FailClosed rejects every request.
+	FailClosed
+)
+
+func (p Policy) String() string {
+	switch p {
+	case FailLocal:
+		return "fail-local"
+	case FailOpen:
+		return "fail-open"
+	case FailClosed:
+		return "fail-closed"
+	}
+	return fmt.Sprintf("Policy(%d)", int(p))
+}
+
+// Source says what made a decision.
+type Source int
+
+const (
+	// SourceLease: the key's leased share of a Hybrid limit.
+	SourceLease Source = iota + 1
+	// SourceLocal: the local quota, rate/N (Local mode, a Hybrid key before
+	// its first lease, or the FailLocal policy).
+	SourceLocal
+	// SourceGlobal: the Redis token bucket of a Global limit.
+	SourceGlobal
+	// SourceFailOpen: the FailOpen policy, Redis being unreachable.
+	SourceFailOpen
+	// SourceFailClosed: the FailClosed policy, Redis being unreachable.
+	SourceFailClosed
+)
+
+const numSources = int(SourceFailClosed) + 1
+
+func (s Source) String() string {
+	switch s {
+	case SourceLease:
+		return "lease"
+	case SourceLocal:
+		return "local"
+	case SourceGlobal:
+		return "global"
+	case SourceFailOpen:
+		return "fail_open"
+	case SourceFailClosed:
+		return "fail_closed"
+	}
+	return fmt.Sprintf("Source(%d)", int(s))
+}
+
+// Decision is the outcome of one decision. A denial is a Decision, not an
+// error.
+type Decision struct {
+	// Allowed reports whether the request is admitted.
+	Allowed bool
+	// Remaining is the number of whole tokens left as this instance sees
+	// them.
+	Remaining int64
+	// RetryAfter is how long to wait before the same request could be
+	// admitted; 0 when Allowed, Never when it never can.
+	RetryAfter time.Duration
+	// Source says what decided.
+	Source Source
+}
+
+// Limit describes one named limit.
+type Limit struct {
+	// Name identifies the limit in calls, Redis keys and metrics. Required.
+	Name string
+	// Rate is the global rate in tokens per second, across all instances.
+	// It must be positive and finite.
+	Rate float64
+	// Burst is the global burst in tokens. It must be at least 1.
+	Burst int
+	// Mode says how the limit decides. Required.
+	Mode Mode
+	// OnOutage says what the limit does while Redis cannot be reached.
+	// Required, also for Local limits (which never need Redis), so that
+	// switching a limit's mode never silently picks a policy.
+	OnOutage Policy
+}
+
+// Config configures a Limiter. Every field says what its zero value means.
+type Config struct {
+	// Redis is the client for Global and Hybrid limits: any
+	// redis.UniversalClient (single node, Sentinel or Cluster) will do. It
+	// may be nil only if every limit is Local. The Limiter does not close
+	// it.
+	Redis global.Rediser
+	// Members reports the live instance count N and this instance's name.
+	// Nil means a single instance (membership.NewStatic with a random
+	// name). If it implements io.Closer, Close closes it (leaving the
+	// cluster).
+	Members membership.Counter
+	// Limits are the limits, with unique names. At least one is required.
+	Limits []Limit
+	// Prefix starts every Redis key. Empty means "hybridlimit".
+	Prefix string
+	// Tick is the lease loop's period. Zero means 50ms.
+	Tick time.Duration
+	// ContendedTTL is the lease lifetime of a contended key (one whose
+	// instances want more than its rate together). Leases renew at half
+	// their lifetime. Zero means 600ms.
+	ContendedTTL time.Duration
+	// UncontendedTTL is the lease lifetime of an uncontended key. Zero
+	// means 10s.
+	UncontendedTTL time.Duration
+	// RedisTimeout bounds every call to Redis. Zero means a quarter of
+	// ContendedTTL. It must be below ContendedTTL.
+	RedisTimeout time.Duration
+	// IdleAfter is how long a key may go without decisions before its
+	// lease is released and it is forgotten. Zero means 30s.
+	IdleAfter time.Duration
+	// PeakWindow is how far back FailLocal looks for the largest instance
+	// count. Zero means 1 minute.
+	PeakWindow time.Duration
+	// Registerer receives the metrics. Nil means no metrics are registered.
+	Registerer prometheus.Registerer
+	// Logger receives one line per state change. Nil means no logging.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a Config with the default timings and the given
+// Redis client, membership and limits.
+func DefaultConfig(rdb global.Rediser, members membership.Counter, limits ...Limit) Config {
+	return Config{
+		Redis:          rdb,
+		Members:        members,
+		Limits:         limits,
+		Prefix:         "hybridlimit",
+		Tick:           50 * time.Millisecond,
+		ContendedTTL:   600 * time.Millisecond,
+		UncontendedTTL: 10 * time.Second,
+		RedisTimeout:   150 * time.Millisecond,
+		IdleAfter:      30 * time.Second,
+		PeakWindow:     time.Minute,
+	}
+}
+
+// withDefaults fills the zero fields of c.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig(nil, nil)
+	if c.Prefix == "" {
+		c.Prefix = d.Prefix
+	}
+	if c.Tick == 0 {
+		c.Tick = d.Tick
+	}
+	if c.ContendedTTL == 0 {
+		c.ContendedTTL = d.ContendedTTL
+	}
+	if c.UncontendedTTL == 0 {
+		c.UncontendedTTL = d.UncontendedTTL
+	}
+	if c.RedisTimeout == 0 {
+		c.RedisTimeout = c.ContendedTTL / 4
+	}
+	if c.IdleAfter == 0 {
+		c.IdleAfter = d.IdleAfter
+	}
+	if c.PeakWindow == 0 {
+		c.PeakWindow = d.PeakWindow
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Members == nil {
+		c.Members = membership.NewStatic("", 1)
+	}
+	return c
+}
+
+// validate reports the first problem with c, which has its defaults filled.
+func (c Config) validate() error {
+	if len(c.Limits) == 0 {
+		return fmt.Errorf("%w: no limits: give at least one Limit", ErrConfig)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Tick", c.Tick}, {"ContendedTTL", c.ContendedTTL}, {"UncontendedTTL", c.UncontendedTTL},
+		{"RedisTimeout", c.RedisTimeout}, {"IdleAfter", c.IdleAfter}, {"PeakWindow", c.PeakWindow}} {
+		if d.v < 0 {
+			return fmt.Errorf("%w: %s is %v: use a positive duration, or 0 for the default", ErrConfig, d.name, d.v)
+		}
+	}
+	if c.RedisTimeout >= c.ContendedTTL {
+		return fmt.Errorf("%w: RedisTimeout %v must be below ContendedTTL %v, so a slow Redis cannot outlast a lease", ErrConfig, c.RedisTimeout, c.ContendedTTL)
+	}
+	if c.ContendedTTL <= 2*c.Tick {
+		return fmt.Errorf("%w: ContendedTTL %v must be more than two ticks (Tick %v) so leases renew before they end", ErrConfig, c.ContendedTTL, c.Tick)
+	}
+	if c.UncontendedTTL < c.ContendedTTL {
+		return fmt.Errorf("%w: UncontendedTTL %v must not be below ContendedTTL %v", ErrConfig, c.UncontendedTTL, c.ContendedTTL)
+	}
+	seen := make(map[string]bool, len(c.Limits))
+	needRedis := false
+	for i, l := range c.Limits {
+		if l.Name == "" {
+			return fmt.Errorf("%w: limit #%d has no Name", ErrConfig, i)
+		}
+		if seen[l.Name] {
+			return fmt.Errorf("%w: limit %q is defined twice: give each limit a unique Name", ErrConfig, l.Name)
+		}
+		seen[l.Name] = true
+		if math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0 {
+			return fmt.Errorf("%w: limit %q: Rate %v must be a positive, finite number of tokens per second", ErrConfig, l.Name, l.Rate)
+		}
+		if l.Burst < 1 {
+			return fmt.Errorf("%w: limit %q: Burst %d must be at least 1", ErrConfig, l.Name, l.Burst)
+		}
+		switch l.Mode {
+		case Local:
+		case Global, Hybrid:
+			needRedis = true
+		case ModeUnset:
+			return fmt.Errorf("%w: limit %q: Mode is unset: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name)
+		default:
+			return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name, l.Mode)
+		}
+		switch l.OnOutage {
+		case FailLocal, FailOpen, FailClosed:
+		case PolicyUnset:
+			return fmt.Errorf("%w: limit %q: OnOutage is unset: choose what happens when Redis is down: "+
+				"hybrid.FailLocal (strict local quota rate/N), hybrid.FailOpen (admit) or hybrid.FailClosed (reject)", ErrConfig, l.Name)
+		default:
+			return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.FailLocal, hybrid.FailOpen or hybrid.FailClosed", ErrConfig, l.Name, l.OnOutage)
+		}
+	}
+	if needRedis && c.Redis == nil {
+		return fmt.Errorf("%w: Redis is nil but some limits are Global or Hybrid: give a Redis client, or make every limit Local", ErrConfig)
+	}
+	return nil
+}

@@ -1,0 +1,225 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// newLimiter starts a Limiter and closes it in t.Cleanup.
+func newLimiter(t testing.TB, cfg hybrid.Config) *hybrid.Limiter {
+	t.Helper()
+	l, err := hybrid.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+// cluster starts n Limiters on one Redis, each with its own client and a
+// static instance count of n, as n service instances would be.
+func cluster(t testing.TB, srv *redistest.Server, n int, tune func(*hybrid.Config), limits ...hybrid.Limit) []*hybrid.Limiter {
+	t.Helper()
+	ls := make([]*hybrid.Limiter, n)
+	for i := range ls {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 200 * time.Millisecond,
+			WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		t.Cleanup(func() { _ = rdb.Close() })
+		cfg := hybrid.Config{
+			Redis:   rdb,
+			Members: membership.NewStatic(fmt.Sprintf("instance-%d", i), n),
+			Limits:  limits,
+		}
+		if tune != nil {
+			tune(&cfg)
+		}
+		ls[i] = newLimiter(t, cfg)
+	}
+	return ls
+}
+
+// load is an open-loop arrival schedule: each instance receives arrivals at
+// its own fixed rate, whatever the answers, spread round-robin over keys.
+type load struct {
+	limit    string
+	keys     []string
+	perInst  []float64 // arrivals per second on each instance
+	duration time.Duration
+	// during, if set, runs once at half time (fault injection).
+	during func()
+}
+
+// outcome records what happened to every arrival.
+type outcome struct {
+	start    time.Time
+	elapsed  time.Duration
+	arrivals map[string][]time.Duration // per key, offsets from start, all instances
+	admitted map[string][]time.Duration
+	decided  int
+	slow     int // decisions that took longer than 100ms
+	sources  map[hybrid.Source]int
+	errs     int
+	perInst  []int // admitted per instance
+}
+
+// drive runs the load against the instances (instance i gets perInst[i]).
+func drive(t *testing.T, inst []*hybrid.Limiter, ld load) outcome {
+	t.Helper()
+	type rec struct {
+		arr, adm map[string][]time.Duration
+		decided  int
+		slow     int
+		errs     int
+		sources  map[hybrid.Source]int
+	}
+	recs := make([]rec, len(inst))
+	start := time.Now()
+	end := start.Add(ld.duration)
+	var wg sync.WaitGroup
+	for i, l := range inst {
+		if ld.perInst[i] <= 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rec{arr: map[string][]time.Duration{}, adm: map[string][]time.Duration{}, sources: map[hybrid.Source]int{}}
+			interval := time.Duration(float64(time.Second) / ld.perInst[i])
+			next := start.Add(time.Duration(i) * interval / time.Duration(len(inst)))
+			k := i
+			ctx := context.Background()
+			for {
+				now := time.Now()
+				if !now.Before(end) {
+					break
+				}
+				for ; !next.After(now) && next.Before(end); next = next.Add(interval) {
+					key := ld.keys[k%len(ld.keys)]
+					k++
+					at := next.Sub(start)
+					t0 := time.Now()
+					d, err := l.Allow(ctx, ld.limit, key)
+					if time.Since(t0) > 100*time.Millisecond {
+						r.slow++
+					}
+					r.decided++
+					if err != nil {
+						r.errs++
+						continue
+					}
+					r.sources[d.Source]++
+					r.arr[key] = append(r.arr[key], at)
+					if d.Allowed {
+						r.adm[key] = append(r.adm[key], at)
+					}
+				}
+				// Pace the open loop: this sleep schedules arrivals, it does
+				// not wait for anything to happen.
+				time.Sleep(min(time.Until(next), time.Millisecond))
+			}
+			recs[i] = r
+		}()
+	}
+	if ld.during != nil {
+		time.Sleep(ld.duration / 2) // schedule the fault at half time
+		ld.during()
+	}
+	wg.Wait()
+	o := outcome{start: start, elapsed: time.Since(start), arrivals: map[string][]time.Duration{},
+		admitted: map[string][]time.Duration{}, sources: map[hybrid.Source]int{}}
+	for _, r := range recs {
+		for k, v := range r.arr {
+			o.arrivals[k] = append(o.arrivals[k], v...)
+		}
+		for k, v := range r.adm {
+			o.admitted[k] = append(o.admitted[k], v...)
+		}
+		n := 0
+		for _, v := range r.adm {
+			n += len(v)
+		}
+		o.perInst = append(o.perInst, n)
+		o.decided += r.decided
+		o.slow += r.slow
+		o.errs += r.errs
+		for s, c := range r.sources {
+			o.sources[s] += c
+		}
+	}
+	for _, v := range o.arrivals {
+		slices.Sort(v)
+	}
+	for _, v := range o.admitted {
+		slices.Sort(v)
+	}
+	return o
+}
+
+// exact is what one exact token bucket of rate and burst, starting full,
+// admits on the given sorted arrivals.
+func exact(rate float64, burst int, arrivals []time.Duration) int {
+	tokens := float64(burst)
+	var last time.Duration
+	n := 0
+	for _, a := range arrivals {
+		tokens = math.Min(float64(burst), tokens+(a-last).Seconds()*rate)
+		last = a
+		if tokens >= 1 {
+			tokens--
+			n++
+		}
+	}
+	return n
+}
+
+// maxInWindow is the largest number of sorted times within any window of
+// length w.
+func maxInWindow(times []time.Duration, w time.Duration) int {
+	best, j := 0, 0
+	for i := range times {
+		for times[i]-times[j] > w {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+func total(m map[string][]time.Duration) int {
+	n := 0
+	for _, v := range m {
+		n += len(v)
+	}
+	return n
+}
+
+// eventually polls cond every 10ms until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func keys(n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("key-%04d", i)
+	}
+	return ks
+}

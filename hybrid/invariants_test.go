@@ -1,0 +1,92 @@
+package hybrid_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// TestInvariantsBoundAndUtilisation is invariants 1 and 2 of DESIGN.md: four
+// instances on one Redis, open-loop demand of twice the limit for 10 s,
+// balanced and skewed (90% on one instance), one key and 1000 keys. Per key,
+// the cluster admits at most rate*w+burst over any window w (plus the
+// cold-start allowance), and in all at least 95% of what one exact token
+// bucket admits on the same arrivals.
+func TestInvariantsBoundAndUtilisation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10 s per case; run without -short")
+	}
+	const instances = 4
+	for _, tc := range []struct {
+		name  string
+		keys  int
+		rate  float64 // per key
+		burst int
+		skew  bool
+	}{
+		{"balanced/keys=1", 1, 5000, 500, false},
+		{"skewed/keys=1", 1, 5000, 500, true},
+		{"balanced/keys=1000", 1000, 20, 10, false},
+		{"skewed/keys=1000", 1000, 20, 10, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			lim := hybrid.Limit{Name: "api", Rate: tc.rate, Burst: tc.burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+			inst := cluster(t, srv, instances, nil, lim)
+			demand := 2 * tc.rate * float64(tc.keys)
+			per := make([]float64, instances)
+			for i := range per {
+				per[i] = demand / instances
+				if tc.skew {
+					per[i] = demand * 0.1 / (instances - 1)
+					if i == 0 {
+						per[i] = demand * 0.9
+					}
+				}
+			}
+			o := drive(t, inst, load{limit: "api", keys: keys(tc.keys), perInst: per, duration: 10 * time.Second})
+			if o.errs != 0 {
+				t.Fatalf("%d decisions returned errors", o.errs)
+			}
+
+			// Invariant 1, per key: a cold start on each instance may add one
+			// default share (burst/N, at least 1, plus rate/N for one tick);
+			// each instance's burst share is at least 1 token.
+			tick := hybrid.DefaultConfig(nil, nil).Tick
+			cold := float64(instances) * (max(1, float64(tc.burst/instances)) + tc.rate/instances*tick.Seconds())
+			slack := float64(instances)
+			for _, w := range []time.Duration{100 * time.Millisecond, time.Second, o.elapsed} {
+				worst, worstKey := 0.0, ""
+				for k, adm := range o.admitted {
+					bound := tc.rate*w.Seconds() + float64(tc.burst) + cold + slack
+					got := float64(maxInWindow(adm, w))
+					if got-bound > worst || worstKey == "" {
+						worst, worstKey = got-bound, k
+					}
+					if got > bound {
+						t.Errorf("key %s: %v admitted in a %v window, bound %.0f", k, got, w, bound)
+						break
+					}
+				}
+				t.Logf("window %v: worst key %s at %.1f from its bound", w, worstKey, worst)
+			}
+
+			// Invariant 2: at least 95% of one exact token bucket.
+			ref := 0
+			for _, arr := range o.arrivals {
+				ref += exact(tc.rate, tc.burst, arr)
+			}
+			got := total(o.admitted)
+			ratio := float64(got) / float64(ref)
+			t.Logf("decisions %d, admitted %d, exact bucket %d, ratio %.3f, sources %v, per instance %v", o.decided, got, ref, ratio, o.sources, o.perInst)
+			if ratio < 0.95 {
+				t.Errorf("admitted %d, %.1f%% of the exact bucket's %d: want at least 95%%", got, 100*ratio, ref)
+			}
+			if o.slow != 0 {
+				t.Errorf("%d decisions took over 100ms", o.slow)
+			}
+		})
+	}
+}

@@ -1,0 +1,361 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/local"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// Limiter decides requests against a set of named limits. It is safe for
+// concurrent use. Create it with New and release it with Close.
+type Limiter struct {
+	cfg     Config
+	store   *global.Store // nil when every limit is Local
+	members membership.Counter
+	log     *slog.Logger
+	m       *metrics
+
+	limits map[string]*limitState // read-only after New
+	order  []*limitState          // the limits in Config order
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+	quit      chan struct{} // closed by Close to stop the loop
+	done      chan struct{} // closed by the loop when it returns
+	stopWatch func()
+
+	peakMu  sync.Mutex
+	samples []peerSample // guarded by peakMu: instance counts seen within PeakWindow
+}
+
+type peerSample struct {
+	at time.Time
+	n  int
+}
+
+// limitState is one configured limit.
+type limitState struct {
+	Limit
+	loc      *local.Limiter // Local and Hybrid decisions; FailLocal for Global
+	degraded atomic.Bool    // Redis unreachable: cold keys and Global decisions follow OnOutage
+	m        *limitMetrics
+
+	// Owned by the lease loop goroutine.
+	leases map[string]*lease
+	stats  []local.KeyStats
+}
+
+// New returns a Limiter for cfg and starts its lease loop. It returns an
+// error wrapping ErrConfig, naming the limit and what to fix, if cfg is
+// invalid. New does not contact Redis: the first leases are requested on the
+// first tick, and decisions made before then use the default share.
+func New(cfg Config) (*Limiter, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: registering metrics: %w", ErrConfig, err)
+	}
+	l := &Limiter{
+		cfg:     cfg,
+		members: cfg.Members,
+		log:     cfg.Logger,
+		m:       m,
+		limits:  make(map[string]*limitState, len(cfg.Limits)),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if cfg.Redis != nil {
+		l.store = global.New(cfg.Redis, cfg.Prefix)
+	}
+	now := time.Now()
+	n := l.members.Count()
+	l.samples = []peerSample{{now, n}}
+	m.peers.Set(float64(n))
+	for _, lim := range cfg.Limits {
+		loc, err := local.New(local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: n})
+		if err != nil {
+			return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
+		}
+		ls := &limitState{Limit: lim, loc: loc, m: m.forLimit(lim.Name), leases: make(map[string]*lease)}
+		l.limits[lim.Name] = ls
+		l.order = append(l.order, ls)
+	}
+	l.stopWatch = l.members.Watch(l.onPeers)
+	go l.loop()
+	return l, nil
+}
+
+// Allow is shorthand for AllowN(ctx, limit, key, 1).
+func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error) {
+	return l.AllowN(ctx, limit, key, 1)
+}
+
+// AllowN decides whether n tokens may be taken from key under limit now.
+//
+// For Local and Hybrid limits the decision is made in process and never
+// waits on the network; ctx is only used by Global limits, whose decisions
+// are one Redis round trip (bounded by Config.RedisTimeout). A denial is a
+// Decision with Allowed false, not an error. AllowN returns an error for an
+// unknown limit (ErrUnknownLimit), n below 1 (ErrInvalidN), after Close
+// (ErrClosed), or when ctx ends during a Global decision. When n exceeds the
+// limit's burst it returns a denial with RetryAfter Never together with
+// ErrExceedsBurst, since waiting can never help.
+func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	if l.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	ls := l.limits[limit]
+	if ls == nil {
+		return Decision{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
+	}
+	if n < 1 {
+		return Decision{}, fmt.Errorf("%w: got %d", ErrInvalidN, n)
+	}
+	if n > ls.Burst {
+		d := Decision{RetryAfter: Never, Source: SourceLocal}
+		ls.m.decisions[d.Source][0].Inc()
+		return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, limit, n, ls.Burst)
+	}
+	var d Decision
+	switch ls.Mode {
+	case Local:
+		d = fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal)
+	case Hybrid:
+		r := ls.loc.AllowN(time.Now(), key, n)
+		switch {
+		case r.Assigned:
+			d = fromLocal(r, SourceLease)
+		case !ls.degraded.Load() || ls.OnOutage == FailLocal:
+			d = fromLocal(r, SourceLocal)
+		default:
+			d = l.policy(ls)
+		}
+	case Global:
+		var err error
+		if d, err = l.global(ctx, ls, key, n); err != nil {
+			return Decision{}, err
+		}
+	}
+	ls.m.decisions[d.Source][b2i(d.Allowed)].Inc()
+	return d, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func fromLocal(r local.Result, s Source) Decision {
+	return Decision{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Source: s}
+}
+
+// policy is the decision of ls's FailOpen or FailClosed policy.
+func (l *Limiter) policy(ls *limitState) Decision {
+	if ls.OnOutage == FailOpen {
+		return Decision{Allowed: true, Source: SourceFailOpen}
+	}
+	return Decision{RetryAfter: l.cfg.Tick, Source: SourceFailClosed}
+}
+
+// global decides one request of a Global limit with the Redis token bucket,
+// or with the outage policy while Redis is unreachable.
+func (l *Limiter) global(ctx context.Context, ls *limitState, key string, n int) (Decision, error) {
+	if !ls.degraded.Load() {
+		cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+		t, err := l.store.TakeN(cctx, ls.Name, key, ls.Rate, ls.Burst, n)
+		cancel()
+		ls.m.redisCommands.Inc()
+		if err == nil {
+			return Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}, nil
+		}
+		if ctx.Err() != nil {
+			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
+		}
+		ls.m.redisErrors.Inc()
+		l.setDegraded(ls, true, err)
+	}
+	if ls.OnOutage == FailLocal {
+		return fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal), nil
+	}
+	return l.policy(ls), nil
+}
+
+// Wait blocks until n tokens of key under limit are admitted, or ctx ends.
+// It returns ctx's error if ctx ends first, ErrExceedsBurst at once if n
+// exceeds the limit's burst, and the errors of AllowN.
+func (l *Limiter) Wait(ctx context.Context, limit, key string, n int) error {
+	var timer *time.Timer
+	for {
+		d, err := l.AllowN(ctx, limit, key, n)
+		if err != nil {
+			return err
+		}
+		if d.Allowed {
+			if timer != nil {
+				timer.Stop()
+			}
+			return nil
+		}
+		wait := d.RetryAfter
+		if wait <= 0 || wait > l.cfg.ContendedTTL {
+			// Shares change with every renewal: look again then.
+			wait = l.cfg.Tick
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
+
+// Status is a snapshot of one limit on this instance.
+type Status struct {
+	Limit
+	// Degraded reports whether Redis is unreachable and the limit follows
+	// its OnOutage policy (for Hybrid limits: for keys whose lease ran out).
+	Degraded bool
+	// Instances is the live instance count N.
+	Instances int
+	// LocalShare is the rate and burst of a key without a lease: rate/N, or
+	// rate/N with the largest recent N while degraded.
+	LocalShare local.Share
+	// Keys is the number of keys held in memory.
+	Keys int
+	// LeasedRate is the sum of the rates leased by this instance (Hybrid).
+	LeasedRate float64
+}
+
+// Status returns a snapshot of the named limit.
+func (l *Limiter) Status(limit string) (Status, error) {
+	ls := l.limits[limit]
+	if ls == nil {
+		return Status{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
+	}
+	st := Status{
+		Limit:      ls.Limit,
+		Degraded:   ls.degraded.Load(),
+		Instances:  l.members.Count(),
+		LocalShare: ls.loc.Default(),
+		Keys:       ls.loc.Len(),
+	}
+	if ls.Mode == Hybrid {
+		for _, k := range ls.loc.AppendStats(nil) {
+			if k.Assigned {
+				st.LeasedRate += float64(k.Share.Limit)
+			}
+		}
+	}
+	return st, nil
+}
+
+// Instances returns the live instance count N.
+func (l *Limiter) Instances() int { return l.members.Count() }
+
+// Close releases every lease in one pipeline, stops the lease loop, stops
+// watching membership and, if Members implements io.Closer, closes it
+// (leaving the cluster). Decisions after Close return ErrClosed. Close is
+// idempotent; later calls return the first call's error. ctx bounds the
+// release.
+func (l *Limiter) Close(ctx context.Context) error {
+	l.closeOnce.Do(func() {
+		l.closed.Store(true)
+		close(l.quit)
+		<-l.done
+		l.stopWatch()
+		var errs []error
+		if err := l.releaseAll(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		if c, ok := l.members.(io.Closer); ok {
+			if err := c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("hybrid: leaving membership: %w", err))
+			}
+		}
+		l.closeErr = errors.Join(errs...)
+	})
+	return l.closeErr
+}
+
+// onPeers is called by membership when N changes.
+func (l *Limiter) onPeers(n int) {
+	now := time.Now()
+	l.peakMu.Lock()
+	l.samples = append(l.samples, peerSample{now, n})
+	l.peakMu.Unlock()
+	l.m.peers.Set(float64(n))
+	l.log.Info("hybridlimit: instance count changed", "instances", n)
+	for _, ls := range l.order {
+		ls.loc.SetDefault(now, l.localShare(ls, now))
+	}
+}
+
+// peak returns the largest instance count seen within PeakWindow of now.
+func (l *Limiter) peak(now time.Time) int {
+	l.peakMu.Lock()
+	defer l.peakMu.Unlock()
+	cut := now.Add(-l.cfg.PeakWindow)
+	// Drop old samples but keep the latest, which is the current count.
+	i := 0
+	for i < len(l.samples)-1 && l.samples[i].at.Before(cut) {
+		i++
+	}
+	l.samples = l.samples[i:]
+	p := 1
+	for _, s := range l.samples {
+		p = max(p, s.n)
+	}
+	return p
+}
+
+// localShare is the share a key without a lease runs at: rate/N normally,
+// rate/peak N while degraded, so that neither a partition nor a crash can
+// inflate anyone's share.
+func (l *Limiter) localShare(ls *limitState, now time.Time) local.Share {
+	n := l.members.Count()
+	if ls.degraded.Load() {
+		n = max(n, l.peak(now))
+	}
+	return local.Split(rate.Limit(ls.Rate), ls.Burst, n)
+}
+
+// setDegraded switches ls between normal and degraded, logging once per
+// change.
+func (l *Limiter) setDegraded(ls *limitState, on bool, cause error) {
+	if ls.degraded.Swap(on) == on {
+		return
+	}
+	now := time.Now()
+	if on {
+		ls.m.degraded.Set(1)
+		l.log.Warn("hybridlimit: Redis unreachable, limit degraded to its outage policy",
+			"limit", ls.Name, "policy", ls.OnOutage.String(), "error", cause)
+	} else {
+		ls.m.degraded.Set(0)
+		l.log.Info("hybridlimit: Redis reachable again, limit back to normal", "limit", ls.Name)
+	}
+	ls.loc.SetDefault(now, l.localShare(ls, now))
+}

@@ -1,0 +1,336 @@
+package hybrid
+
+import (
+	"context"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+const (
+	// headroom multiplies a key's measured demand into its want, so that a
+	// key whose demand grows a little is not starved until its next renewal.
+	headroom = 1.1
+	// minWantFraction of the rate is the least a live key asks for.
+	minWantFraction = 1e-3
+	// earlyGrowth is how far demand must outgrow the grant of an
+	// uncontended key before it renews early.
+	earlyGrowth = 1.2
+	// A key's demand is measured over the most recent window that holds
+	// at least demandTokens tokens (or all its recorded history, demandSamples
+	// renewals back): a busy key follows shifts within a renewal or two,
+	// while a key that sees a request or two per renewal is averaged over
+	// seconds, so that its want is not mostly noise.
+	demandTokens  = 20
+	demandSamples = 16
+)
+
+// lease is this instance's view of one key's rate lease. Owned by the loop.
+type lease struct {
+	requested   bool                  // a request for this key has gone to Redis
+	held        bool                  // a grant is in force locally
+	granted     float64               // tokens/s
+	fair        float64               // tokens/s; granted < fair means others must still shrink
+	contended   bool                  // the key's instances want more than its rate
+	until       time.Time             // local end of the grant
+	sentAt      time.Time             // when the last request went out
+	attemptedAt int64                 // the key's Attempted counter at sentAt
+	renewAt     time.Time             // when the next renewal is due
+	samples     [demandSamples]sample // ring of (time, Attempted) at past requests
+	next        int                   // next slot of samples to write
+}
+
+type sample struct {
+	at        time.Time
+	attempted int64
+}
+
+// record notes the key's Attempted counter at t.
+func (le *lease) record(t time.Time, attempted int64) {
+	le.samples[le.next] = sample{t, attempted}
+	le.next = (le.next + 1) % demandSamples
+}
+
+// demand is the key's recent demand in tokens per second at now, given its
+// Attempted counter: measured back to the latest recorded sample that leaves
+// at least demandTokens tokens in the window, or to the oldest one.
+func (le *lease) demand(now time.Time, attempted int64) float64 {
+	var from sample
+	for i := 1; i <= demandSamples; i++ {
+		s := le.samples[(le.next-i+demandSamples)%demandSamples]
+		if s.at.IsZero() {
+			break
+		}
+		from = s
+		if attempted-s.attempted >= demandTokens {
+			break
+		}
+	}
+	d := now.Sub(from.at).Seconds()
+	if from.at.IsZero() || d <= 0 {
+		return 0
+	}
+	return float64(attempted-from.attempted) / d
+}
+
+// batch is one tick's worth of lease requests, reused across ticks.
+type batch struct {
+	reqs    []global.LeaseRequest
+	out     []global.Lease
+	refs    []ref
+	evicted []string
+}
+
+type ref struct {
+	ls *limitState
+	le *lease // nil for a release
+}
+
+func (b *batch) reset() {
+	clear(b.reqs)
+	b.reqs = b.reqs[:0]
+	clear(b.refs)
+	b.refs = b.refs[:0]
+}
+
+func (b *batch) add(ls *limitState, le *lease, req global.LeaseRequest) {
+	b.reqs = append(b.reqs, req)
+	b.refs = append(b.refs, ref{ls, le})
+}
+
+// loop is the Limiter's one background goroutine: every tick it evicts idle
+// keys and renews, in one pipeline, the leases of every key that is due.
+func (l *Limiter) loop() {
+	defer close(l.done)
+	t := time.NewTicker(l.cfg.Tick)
+	defer t.Stop()
+	var b batch
+	for {
+		select {
+		case <-l.quit:
+			return
+		case <-t.C:
+		}
+		l.tick(time.Now(), &b)
+	}
+}
+
+func (l *Limiter) tick(now time.Time, b *batch) {
+	b.reset()
+	n := l.members.Count()
+	probe := false
+	for _, ls := range l.order {
+		b.evicted = ls.loc.EvictIdle(now, l.cfg.IdleAfter, b.evicted[:0])
+		for _, k := range b.evicted {
+			if le := ls.leases[k]; le != nil {
+				delete(ls.leases, k)
+				if le.requested {
+					b.add(ls, nil, l.request(ls, k, 0, n, l.cfg.ContendedTTL))
+				}
+			}
+		}
+		switch ls.Mode {
+		case Hybrid:
+			l.collect(now, n, ls, b)
+		case Global:
+			probe = probe || ls.degraded.Load()
+		}
+	}
+	switch {
+	case len(b.reqs) > 0:
+		l.renew(now, b)
+	case probe:
+		l.probe()
+	}
+}
+
+// request builds the lease request of one key.
+func (l *Limiter) request(ls *limitState, key string, want float64, n int, ttl time.Duration) global.LeaseRequest {
+	return global.LeaseRequest{
+		Limit: ls.Name, Key: key, Instance: l.members.Name(),
+		Want: want, Rate: ls.Rate, Instances: n, TTL: ttl,
+	}
+}
+
+// collect adds to b the keys of ls whose lease is due, and updates the
+// limit's gauges.
+func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
+	ls.stats = ls.loc.AppendStats(ls.stats[:0])
+	var leased float64
+	contended := 0
+	for i := range ls.stats {
+		st := &ls.stats[i]
+		le := ls.leases[st.Key]
+		if le == nil {
+			// Cold start: seen since the last tick, at the default share.
+			le = &lease{sentAt: now.Add(-l.cfg.Tick)}
+			le.record(le.sentAt, 0)
+			ls.leases[st.Key] = le
+		}
+		if le.held && !now.Before(le.until) {
+			le.held = false
+			ls.m.leasesExpired.Inc()
+		}
+		if le.held {
+			leased += le.granted
+			if le.contended {
+				contended++
+			}
+		}
+		elapsed := now.Sub(le.sentAt)
+		if elapsed <= 0 {
+			continue
+		}
+		demand := float64(st.Attempted-le.attemptedAt) / elapsed.Seconds()
+		due := !le.requested || !now.Before(le.renewAt)
+		if !due && !le.contended && elapsed >= 2*l.cfg.Tick && demand > le.granted*earlyGrowth {
+			due = true // demand outgrew an uncontended grant: ask now
+		}
+		if !due {
+			continue
+		}
+		want := max(le.demand(now, st.Attempted)*headroom, ls.Rate*minWantFraction)
+		le.record(now, st.Attempted)
+		ttl := l.cfg.UncontendedTTL
+		if !le.requested || le.contended {
+			ttl = l.cfg.ContendedTTL
+		}
+		b.add(ls, le, l.request(ls, st.Key, want, n, ttl))
+		le.requested = true
+		le.sentAt = now
+		le.attemptedAt = st.Attempted
+	}
+	ls.m.leasedRate.Set(leased)
+	ls.m.contendedKeys.Set(float64(contended))
+}
+
+// renew sends b in one pipeline and applies the answers.
+func (l *Limiter) renew(now time.Time, b *batch) {
+	if cap(b.out) < len(b.reqs) {
+		b.out = make([]global.Lease, len(b.reqs))
+	}
+	b.out = b.out[:len(b.reqs)]
+	clear(b.out)
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
+	err := l.store.Lease(ctx, b.reqs, b.out)
+	cancel()
+	l.m.renewal.Observe(time.Since(now).Seconds())
+	for _, r := range b.refs {
+		r.ls.m.redisCommands.Inc()
+	}
+	if err != nil {
+		for _, r := range b.refs {
+			r.ls.m.redisErrors.Inc()
+			if r.le != nil {
+				r.le.renewAt = now.Add(l.cfg.Tick) // try again next tick
+			}
+		}
+		for _, ls := range l.order {
+			if ls.Mode != Local {
+				l.setDegraded(ls, true, err)
+			}
+		}
+		return
+	}
+	for _, ls := range l.order {
+		if ls.Mode != Local {
+			l.setDegraded(ls, false, nil)
+		}
+	}
+	applied := time.Now()
+	for i, r := range b.refs {
+		if r.le == nil {
+			r.ls.m.leasesReleased.Inc()
+			continue
+		}
+		res := &b.out[i]
+		if res.Err != nil {
+			r.ls.m.redisErrors.Inc()
+			r.le.renewAt = now.Add(l.cfg.ContendedTTL / 2)
+			l.log.Debug("hybridlimit: lease request failed", "limit", r.ls.Name, "error", res.Err)
+			continue
+		}
+		l.apply(applied, now, r.ls, b.reqs[i], r.le, res)
+	}
+}
+
+// apply puts one granted lease in force. sent is when its request went out:
+// Redis started the lease no earlier, so the lease ends locally no later
+// than it does in Redis whatever the clocks say.
+func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseRequest, le *lease, res *global.Lease) {
+	first := !le.held && le.granted == 0
+	le.granted, le.fair, le.contended = res.Granted, res.Fair, res.Contended
+	le.until = sent.Add(req.TTL * 9 / 10)
+	switch {
+	case first && res.Contended:
+		// The first grant counts instances not heard from yet at rate/N;
+		// they will soon say what they want, so ask again soon.
+		le.renewAt = sent.Add(2 * l.cfg.Tick)
+	case res.Contended && res.Granted < res.Fair*0.99:
+		// Others hold more than their fair share until their next renewal:
+		// ask again soon to pick up what they free.
+		le.renewAt = sent.Add(2 * l.cfg.Tick)
+	default:
+		le.renewAt = sent.Add(req.TTL / 2)
+	}
+	share := local.Share{
+		Limit: rate.Limit(res.Granted),
+		Burst: int(float64(ls.Burst) * res.Granted / ls.Rate),
+	}
+	if ls.loc.Assign(now, req.Key, share, le.until) {
+		le.held = true
+		ls.m.leasesGranted.Inc()
+	}
+}
+
+// probe checks whether Redis is back, for Global limits that are degraded
+// and have no lease traffic to tell.
+func (l *Limiter) probe() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
+	defer cancel()
+	pipe := l.cfg.Redis.Pipeline()
+	pipe.Ping(ctx)
+	_, err := pipe.Exec(ctx)
+	for _, ls := range l.order {
+		if ls.Mode == Global && ls.degraded.Load() {
+			ls.m.redisCommands.Inc()
+			if err != nil {
+				ls.m.redisErrors.Inc()
+			} else {
+				l.setDegraded(ls, false, nil)
+			}
+		}
+	}
+}
+
+// releaseAll releases every lease this instance holds in one pipeline and
+// forgets every key. It runs after the loop has stopped.
+func (l *Limiter) releaseAll(ctx context.Context) error {
+	var b batch
+	n := l.members.Count()
+	far := time.Now().Add(100 * 365 * 24 * time.Hour)
+	for _, ls := range l.order {
+		for k, le := range ls.leases {
+			if le.requested {
+				b.add(ls, nil, l.request(ls, k, 0, n, l.cfg.ContendedTTL))
+			}
+		}
+		clear(ls.leases)
+		ls.loc.EvictIdle(far, 0, nil)
+		ls.m.leasedRate.Set(0)
+	}
+	if len(b.reqs) == 0 {
+		return nil
+	}
+	b.out = make([]global.Lease, len(b.reqs))
+	if err := l.store.Lease(ctx, b.reqs, b.out); err != nil {
+		return err
+	}
+	for _, r := range b.refs {
+		r.ls.m.leasesReleased.Inc()
+	}
+	return nil
+}

@@ -1,0 +1,338 @@
+package redistest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startTimeout bounds how long Start and Restart wait for the server to
+// answer PING.
+const startTimeout = 15 * time.Second
+
+// startAttempts is how many free ports Start tries before giving up, in case
+// another process takes the port between probing and binding it.
+const startAttempts = 5
+
+// Server is a redis-server child process listening on 127.0.0.1 on a free
+// port. Its methods are safe for concurrent use.
+type Server struct {
+	// Addr is the host:port the server listens on, "127.0.0.1:PORT". It does
+	// not change across Kill and Restart.
+	Addr string
+
+	bin  string
+	dir  string
+	args []string
+
+	mu    sync.Mutex // guards the fields below
+	proc  *process
+	admin *redis.Client
+}
+
+// process is one run of redis-server.
+type process struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{} // closed when the process has exited
+	err  error         // exit status, valid after done is closed
+}
+
+// syncBuffer collects the output of the server; exec writes to it from its
+// own goroutines while tests may read it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// tail returns at most the last n bytes written.
+func (b *syncBuffer) tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf.String()
+	if len(s) > n {
+		s = "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// Start starts a redis-server found on PATH, listening on a free port of
+// 127.0.0.1 with persistence off (--save "" and --appendonly no) and
+// --protected-mode no, followed by args (for example "--maxmemory", "1mb").
+// It waits until the server answers PING and registers a t.Cleanup that
+// kills the server and waits for it to exit. Start fails the test, with the
+// tail of the server's output, if the server cannot be started; it fails
+// (never skips) with an installation hint when redis-server is not on PATH.
+func Start(t testing.TB, args ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redistest: redis-server not found on PATH (%v); install the Debian package redis-server (apt-get install redis-server)", err)
+	}
+	s := &Server{bin: bin, dir: t.TempDir(), args: args}
+	t.Cleanup(s.stop)
+
+	var lastErr error
+	for range startAttempts {
+		port, err := freePort()
+		if err != nil {
+			t.Fatalf("redistest: pick a free port: %v", err)
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if lastErr = s.launch(); lastErr == nil {
+			break
+		}
+	}
+	if lastErr != nil {
+		t.Fatalf("redistest: start redis-server: %v", lastErr)
+	}
+	s.mu.Lock()
+	s.admin = redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, Protocol: 2})
+	s.mu.Unlock()
+	return s
+}
+
+// freePort asks the kernel for a free TCP port on 127.0.0.1 and releases it.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// launch runs redis-server on s.Addr and waits until it answers PING. On
+// failure the process is gone and the error carries its output.
+func (s *Server) launch() error {
+	_, port, _ := net.SplitHostPort(s.Addr)
+	argv := []string{
+		"--port", port,
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--protected-mode", "no",
+		"--dir", s.dir,
+	}
+	argv = append(argv, s.args...)
+	p := &process{
+		cmd:  exec.Command(s.bin, argv...),
+		out:  &syncBuffer{},
+		done: make(chan struct{}),
+	}
+	p.cmd.Stdout = p.out
+	p.cmd.Stderr = p.out
+	setDeathSignal(p.cmd)
+	if err := p.cmd.Start(); err != nil {
+		return err
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+
+	if err := waitReady(s.Addr, p); err != nil {
+		p.kill()
+		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.tail(4096))
+	}
+	s.mu.Lock()
+	s.proc = p
+	s.mu.Unlock()
+	return nil
+}
+
+// waitReady polls PING on addr until it succeeds, the process exits, or
+// startTimeout passes.
+func waitReady(addr string, p *process) error {
+	c := redis.NewClient(&redis.Options{
+		Addr:            addr,
+		DisableIdentity: true,
+		Protocol:        2,
+		MaxRetries:      -1,
+		DialTimeout:     time.Second,
+		ReadTimeout:     time.Second,
+	})
+	defer c.Close()
+	deadline := time.Now().Add(startTimeout)
+	var err error
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return fmt.Errorf("redis-server on %s exited: %v", addr, p.err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err = c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		// Poll interval while the server starts, not synchronisation.
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("redis-server on %s did not answer PING within %v: %v", addr, startTimeout, err)
+}
+
+// kill sends SIGKILL and waits for the process to exit.
+func (p *process) kill() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// stop kills the server and closes the admin client; it runs in t.Cleanup.
+func (s *Server) stop() {
+	s.mu.Lock()
+	p, admin := s.proc, s.admin
+	s.proc, s.admin = nil, nil
+	s.mu.Unlock()
+	if admin != nil {
+		_ = admin.Close()
+	}
+	p.kill()
+}
+
+// Client returns a new client to the server, closed in t.Cleanup.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Kill kills the server with SIGKILL and waits for it to exit, as a crash
+// would. Addr is kept so that Restart brings the server back on the same
+// port. Kill on a server that is not running does nothing.
+func (s *Server) Kill(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	p := s.proc
+	s.proc = nil
+	s.mu.Unlock()
+	p.kill()
+}
+
+// Restart starts the server again on the same Addr, with an empty dataset and
+// script cache, and waits until it answers PING. A running server is killed
+// first. Restart fails the test if the server cannot be started.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill(t)
+	// The port was just released by our own process; binding it again can
+	// race only with an unrelated process, so retry a few times.
+	var err error
+	for range startAttempts {
+		if err = s.launch(); err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "in use") {
+			break
+		}
+	}
+	t.Fatalf("redistest: restart redis-server on %s: %v", s.Addr, err)
+}
+
+// Pause suspends all clients of the server for d (CLIENT PAUSE <ms> ALL), so
+// that commands sent in that time are answered only after d: a slow Redis.
+// d is rounded up to whole milliseconds.
+func (s *Server) Pause(t testing.TB, d time.Duration) {
+	t.Helper()
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	s.do(t, "client", "pause", int64(ms), "all")
+}
+
+// FlushAll deletes every key of the server (FLUSHALL).
+func (s *Server) FlushAll(t testing.TB) {
+	t.Helper()
+	s.do(t, "flushall")
+}
+
+// ScriptFlush empties the server's script cache (SCRIPT FLUSH), so that the
+// next EVALSHA of any script fails with NOSCRIPT.
+func (s *Server) ScriptFlush(t testing.TB) {
+	t.Helper()
+	s.do(t, "script", "flush")
+}
+
+// CommandStats returns the number of calls per command since the server
+// started (INFO commandstats), keyed by the lower-case command name as Redis
+// reports it, for example "evalsha", "hgetall" or "client|pause". The helper's
+// own commands are included under their own names.
+func (s *Server) CommandStats(t testing.TB) map[string]int64 {
+	t.Helper()
+	v := s.do(t, "info", "commandstats")
+	info, ok := v.(string)
+	if !ok {
+		t.Fatalf("redistest: INFO commandstats: unexpected reply %T", v)
+	}
+	stats, err := parseCommandStats(info)
+	if err != nil {
+		t.Fatalf("redistest: INFO commandstats: %v", err)
+	}
+	return stats
+}
+
+// parseCommandStats parses lines such as
+// "cmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0".
+func parseCommandStats(info string) (map[string]int64, error) {
+	stats := make(map[string]int64)
+	for line := range strings.SplitSeq(info, "\n") {
+		line = strings.TrimSpace(line)
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		for kv := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			if k != "calls" {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("line %q: %w", line, err)
+			}
+			stats[name] = n
+		}
+	}
+	return stats, nil
+}
+
+// do runs one admin command with a deadline and fails the test on error.
+func (s *Server) do(t testing.TB, args ...any) any {
+	t.Helper()
+	s.mu.Lock()
+	admin := s.admin
+	s.mu.Unlock()
+	if admin == nil {
+		t.Fatalf("redistest: %v: server stopped", args)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := admin.Do(ctx, args...).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatalf("redistest: %v on %s: %v", args, s.Addr, err)
+	}
+	return v
+}

@@ -1,0 +1,19 @@
+// Package local keeps the in-process side of one rate limit: a
+// golang.org/x/time/rate limiter per key, each running at this instance's
+// share of the limit.
+//
+// A key starts at the default share (rate/N, burst/N with N the live instance
+// count) and may be assigned another share until a deadline, after which it
+// falls back to the default share by itself, on the next decision, without
+// anyone having to notice. The caller (package hybrid) assigns the shares it
+// leases from Redis; local knows nothing of Redis or membership.
+//
+// Keys live in a sharded map so that decisions on different keys do not
+// contend on one lock. Deciding on an existing key allocates nothing. Idle
+// keys are evicted by EvictIdle, so memory follows the active keys.
+//
+// Every limiter is fed a time that never moves backwards: x/time/rate
+// over-admits when concurrent callers hand it timestamps out of order
+// (golang/go#65508, golang/go#71360), so each key clamps the time it is given
+// to the latest time it has seen, under the same lock as the decision.
+package local

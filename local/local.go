@@ -1,0 +1,404 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// ErrInvalid is wrapped by the errors New returns for a bad Config.
+var ErrInvalid = errors.New("local: invalid config")
+
+// DefaultShards is the number of map shards used when Config.Shards is 0.
+const DefaultShards = 64
+
+// Config configures a Limiter for one limit.
+type Config struct {
+	// Limit is the limit's global rate in tokens per second. It must be
+	// positive and finite.
+	Limit rate.Limit
+	// Burst is the limit's global burst in tokens. It must be at least 1.
+	Burst int
+	// Instances is the live instance count N the default share is split by.
+	// Zero means 1.
+	Instances int
+	// Shards is the number of map shards, rounded up to a power of two.
+	// Zero means DefaultShards.
+	Shards int
+}
+
+// Share is the rate and burst one key runs at on this instance.
+type Share struct {
+	Limit rate.Limit // tokens per second
+	Burst int        // tokens, at least 1
+}
+
+// Split returns the default share of a limit of rate limit and burst burst on
+// one of n instances: limit/n and burst/n, the burst rounded down but at
+// least 1. An n below 1 counts as 1.
+func Split(limit rate.Limit, burst, n int) Share {
+	if n < 1 {
+		n = 1
+	}
+	b := burst / n
+	if b < 1 {
+		b = 1
+	}
+	return Share{Limit: limit / rate.Limit(n), Burst: b}
+}
+
+// Result is the outcome of one decision.
+type Result struct {
+	// Allowed reports whether the n tokens were taken.
+	Allowed bool
+	// Remaining is the whole number of tokens left in the key's bucket on
+	// this instance after the decision.
+	Remaining int64
+	// RetryAfter is how long until n tokens would be available at the
+	// current share; 0 when Allowed. It is math.MaxInt64 when n exceeds the
+	// key's burst (the request can never succeed at this share).
+	RetryAfter time.Duration
+	// Assigned reports whether the decision ran at an assigned share (true)
+	// or at the default share (false).
+	Assigned bool
+}
+
+// KeyStats is a snapshot of one key, as returned by AppendStats.
+type KeyStats struct {
+	Key string
+	// Attempted is the total number of tokens ever asked for on this key,
+	// denied requests included. It only grows; callers compute demand from
+	// differences between snapshots.
+	Attempted int64
+	// LastSeen is the time of the key's latest decision or share change.
+	LastSeen time.Time
+	// Assigned reports whether the key runs at an assigned share that has
+	// not yet expired as of LastSeen.
+	Assigned bool
+	// Until is when the assigned share ends; zero when not Assigned.
+	Until time.Time
+	// Share is the share the key currently runs at.
+	Share Share
+}
+
+// Limiter holds the keyed limiters of one limit. It is safe for concurrent
+// use.
+type Limiter struct {
+	limit rate.Limit
+	burst int
+	seed  maphash.Seed
+	mask  uint64
+
+	def atomic.Pointer[Share] // the default share; replaced, never mutated
+
+	shards []shard
+}
+
+type shard struct {
+	mu sync.RWMutex
+	m  map[string]*entry // guarded by mu
+	_  [32]byte          // keep shards on separate cache lines
+}
+
+type entry struct {
+	mu        sync.Mutex
+	lim       *rate.Limiter // guarded by mu, like every field below
+	last      time.Time     // latest time fed to lim; never moves backwards
+	attempted int64
+	assigned  bool
+	until     time.Time
+	evicted   bool
+}
+
+// New returns a Limiter for the limit described by cfg.
+func New(cfg Config) (*Limiter, error) {
+	if math.IsNaN(float64(cfg.Limit)) || math.IsInf(float64(cfg.Limit), 0) || cfg.Limit <= 0 || cfg.Limit == rate.Inf {
+		return nil, fmt.Errorf("%w: rate %v must be a positive, finite number of tokens per second", ErrInvalid, float64(cfg.Limit))
+	}
+	if cfg.Burst < 1 {
+		return nil, fmt.Errorf("%w: burst %d must be at least 1", ErrInvalid, cfg.Burst)
+	}
+	if cfg.Instances < 0 || cfg.Shards < 0 {
+		return nil, fmt.Errorf("%w: instances %d and shards %d must not be negative", ErrInvalid, cfg.Instances, cfg.Shards)
+	}
+	n := cfg.Shards
+	if n == 0 {
+		n = DefaultShards
+	}
+	size := 1
+	for size < n {
+		size <<= 1
+	}
+	l := &Limiter{
+		limit:  cfg.Limit,
+		burst:  cfg.Burst,
+		seed:   maphash.MakeSeed(),
+		mask:   uint64(size - 1),
+		shards: make([]shard, size),
+	}
+	for i := range l.shards {
+		l.shards[i].m = make(map[string]*entry)
+	}
+	def := Split(cfg.Limit, cfg.Burst, cfg.Instances)
+	l.def.Store(&def)
+	return l, nil
+}
+
+// Limit returns the limit's global rate.
+func (l *Limiter) Limit() rate.Limit { return l.limit }
+
+// Burst returns the limit's global burst.
+func (l *Limiter) Burst() int { return l.burst }
+
+// Default returns the current default share.
+func (l *Limiter) Default() Share { return *l.def.Load() }
+
+func (l *Limiter) shard(key string) *shard {
+	return &l.shards[maphash.String(l.seed, key)&l.mask]
+}
+
+// Allow is shorthand for AllowN(t, key, 1).
+func (l *Limiter) Allow(t time.Time, key string) Result { return l.AllowN(t, key, 1) }
+
+// AllowN decides whether n tokens may be taken from key at time t, creating
+// the key at the default share if it is new. n must be at least 1; a smaller
+// n is denied. Deciding on an existing key does not allocate.
+func (l *Limiter) AllowN(t time.Time, key string, n int) Result {
+	if n < 1 {
+		return Result{RetryAfter: math.MaxInt64}
+	}
+	for {
+		sh := l.shard(key)
+		sh.mu.RLock()
+		e := sh.m[key]
+		sh.mu.RUnlock()
+		if e == nil {
+			e = l.insert(sh, key, t)
+		}
+		e.mu.Lock()
+		if e.evicted {
+			// Lost a race with EvictIdle: decide on the key's new entry.
+			e.mu.Unlock()
+			continue
+		}
+		t = e.advance(t)
+		e.attempted += int64(n)
+		if e.assigned && !t.Before(e.until) {
+			e.fallBack(t, l.Default())
+		}
+		r := Result{Assigned: e.assigned}
+		r.Allowed = e.lim.AllowN(t, n)
+		tokens := e.lim.TokensAt(t)
+		if tokens > 0 {
+			r.Remaining = int64(tokens)
+		}
+		if !r.Allowed {
+			r.RetryAfter = retryAfter(e.lim.Limit(), e.lim.Burst(), tokens, n)
+		}
+		e.mu.Unlock()
+		return r
+	}
+}
+
+// retryAfter is how long until tokens grows to n at rate lim.
+func retryAfter(lim rate.Limit, burst int, tokens float64, n int) time.Duration {
+	if n > burst || lim <= 0 {
+		return math.MaxInt64
+	}
+	missing := float64(n) - tokens
+	if missing <= 0 {
+		return 0
+	}
+	d := time.Duration(math.Ceil(missing / float64(lim) * float64(time.Second)))
+	if d < 1 {
+		d = 1
+	}
+	return d
+}
+
+func (l *Limiter) insert(sh *shard, key string, t time.Time) *entry {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[key]; e != nil {
+		return e
+	}
+	def := l.Default()
+	// A new rate.Limiter has never been advanced, so it starts full.
+	e := &entry{lim: rate.NewLimiter(def.Limit, def.Burst), last: t}
+	sh.m[key] = e
+	return e
+}
+
+// advance clamps t so that the times fed to e.lim never move backwards.
+// Requires e.mu held.
+func (e *entry) advance(t time.Time) time.Time {
+	if t.Before(e.last) {
+		return e.last
+	}
+	e.last = t
+	return t
+}
+
+// fallBack moves e back to the default share. Requires e.mu held.
+func (e *entry) fallBack(t time.Time, def Share) {
+	e.assigned = false
+	e.until = time.Time{}
+	e.setShare(t, def)
+}
+
+// setShare changes the rate and burst of e at t. Requires e.mu held.
+func (e *entry) setShare(t time.Time, s Share) {
+	if e.lim.Limit() != s.Limit {
+		e.lim.SetLimitAt(t, s.Limit)
+	}
+	if e.lim.Burst() != s.Burst {
+		e.lim.SetBurstAt(t, s.Burst)
+	}
+}
+
+// Assign runs key at share s from t until until, after which the key falls
+// back to the default share by itself. It reports false, and does nothing,
+// if the key does not exist (never seen, or evicted). A share with a
+// non-positive burst runs at burst 1.
+func (l *Limiter) Assign(t time.Time, key string, s Share, until time.Time) bool {
+	if s.Burst < 1 {
+		s.Burst = 1
+	}
+	if s.Limit < 0 {
+		s.Limit = 0
+	}
+	sh := l.shard(key)
+	sh.mu.RLock()
+	e := sh.m[key]
+	sh.mu.RUnlock()
+	if e == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.evicted {
+		return false
+	}
+	t = e.advance(t)
+	if !t.Before(until) {
+		e.fallBack(t, l.Default())
+		return true
+	}
+	e.assigned = true
+	e.until = until
+	e.setShare(t, s)
+	return true
+}
+
+// Unassign moves key back to the default share at t. It reports false if the
+// key does not exist.
+func (l *Limiter) Unassign(t time.Time, key string) bool {
+	sh := l.shard(key)
+	sh.mu.RLock()
+	e := sh.m[key]
+	sh.mu.RUnlock()
+	if e == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.evicted {
+		return false
+	}
+	e.fallBack(e.advance(t), l.Default())
+	return true
+}
+
+// SetInstances re-splits the default share for n live instances (n below 1
+// counts as 1) and moves every key that runs at the default share to the new
+// share at once. Keys with an assigned share keep it until it ends.
+func (l *Limiter) SetInstances(t time.Time, n int) {
+	l.SetDefault(t, Split(l.limit, l.burst, n))
+}
+
+// SetDefault sets the default share to s (a burst below 1 runs at 1) and
+// moves every key that runs at the default share to it at once.
+func (l *Limiter) SetDefault(t time.Time, s Share) {
+	if s.Burst < 1 {
+		s.Burst = 1
+	}
+	old := l.def.Swap(&s)
+	if *old == s {
+		return
+	}
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.RLock()
+		for _, e := range sh.m {
+			e.mu.Lock()
+			if !e.assigned {
+				e.setShare(e.advance(t), s)
+			}
+			e.mu.Unlock()
+		}
+		sh.mu.RUnlock()
+	}
+}
+
+// AppendStats appends a snapshot of every key to dst and returns it. The
+// order is unspecified.
+func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.RLock()
+		for k, e := range sh.m {
+			e.mu.Lock()
+			dst = append(dst, KeyStats{
+				Key:       k,
+				Attempted: e.attempted,
+				LastSeen:  e.last,
+				Assigned:  e.assigned && e.last.Before(e.until),
+				Until:     e.until,
+				Share:     Share{Limit: e.lim.Limit(), Burst: e.lim.Burst()},
+			})
+			e.mu.Unlock()
+		}
+		sh.mu.RUnlock()
+	}
+	return dst
+}
+
+// EvictIdle removes every key whose latest decision is older than t minus
+// idle, appends the removed keys to dst and returns it. A later decision on
+// a removed key starts it afresh at the default share.
+func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []string {
+	cutoff := t.Add(-idle)
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			e.mu.Lock()
+			if e.last.Before(cutoff) {
+				e.evicted = true
+				delete(sh.m, k)
+				dst = append(dst, k)
+			}
+			e.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	return dst
+}
+
+// Len returns the number of keys held.
+func (l *Limiter) Len() int {
+	n := 0
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.RLock()
+		n += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return n
+}

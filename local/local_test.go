@@ -1,0 +1,272 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func mustNew(t testing.TB, cfg Config) *Limiter {
+	t.Helper()
+	l, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Limit: 0, Burst: 1},
+		{Limit: -1, Burst: 1},
+		{Limit: rate.Limit(math.NaN()), Burst: 1},
+		{Limit: rate.Inf, Burst: 1},
+		{Limit: 1, Burst: 0},
+		{Limit: 1, Burst: 1, Instances: -1},
+		{Limit: 1, Burst: 1, Shards: -1},
+	} {
+		if _, err := New(cfg); !errors.Is(err, ErrInvalid) {
+			t.Errorf("New(%+v) = %v, want ErrInvalid", cfg, err)
+		}
+	}
+}
+
+func TestSplit(t *testing.T) {
+	for _, tc := range []struct {
+		limit rate.Limit
+		burst int
+		n     int
+		want  Share
+	}{
+		{100, 10, 1, Share{100, 10}},
+		{100, 10, 4, Share{25, 2}},
+		{100, 3, 4, Share{25, 1}},
+		{100, 10, 0, Share{100, 10}},
+	} {
+		if got := Split(tc.limit, tc.burst, tc.n); got != tc.want {
+			t.Errorf("Split(%v, %d, %d) = %+v, want %+v", tc.limit, tc.burst, tc.n, got, tc.want)
+		}
+	}
+}
+
+// step is one decision at t0+at.
+type step struct {
+	at      time.Duration
+	n       int
+	allowed bool
+	remain  int64
+}
+
+func run(t *testing.T, l *Limiter, key string, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		r := l.AllowN(t0.Add(s.at), key, s.n)
+		if r.Allowed != s.allowed || r.Remaining != s.remain {
+			t.Fatalf("step %d (at %v, n %d): allowed %v remaining %d, want %v %d", i, s.at, s.n, r.Allowed, r.Remaining, s.allowed, s.remain)
+		}
+		if r.Allowed && r.RetryAfter != 0 {
+			t.Fatalf("step %d: RetryAfter %v on an allowed decision", i, r.RetryAfter)
+		}
+		if !r.Allowed && r.RetryAfter <= 0 {
+			t.Fatalf("step %d: RetryAfter %v on a denial", i, r.RetryAfter)
+		}
+	}
+}
+
+func TestAllowN(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		steps []step
+	}{
+		{"burst then deny", Config{Limit: 10, Burst: 3}, []step{
+			{0, 1, true, 2}, {0, 1, true, 1}, {0, 1, true, 0}, {0, 1, false, 0},
+		}},
+		{"refill at rate", Config{Limit: 10, Burst: 3}, []step{
+			{0, 3, true, 0}, {50 * time.Millisecond, 1, false, 0}, {100 * time.Millisecond, 1, true, 0},
+			{time.Second, 3, true, 0},
+		}},
+		{"n above burst never", Config{Limit: 10, Burst: 3}, []step{
+			{0, 4, false, 3}, {time.Hour, 4, false, 3},
+		}},
+		{"default share of four", Config{Limit: 100, Burst: 8, Instances: 4}, []step{
+			{0, 2, true, 0}, {0, 1, false, 0}, {40 * time.Millisecond, 1, true, 0},
+		}},
+		{"time going backwards gives nothing back", Config{Limit: 10, Burst: 1}, []step{
+			{time.Second, 1, true, 0}, {500 * time.Millisecond, 1, false, 0}, {1050 * time.Millisecond, 1, false, 0},
+			{1100 * time.Millisecond, 1, true, 0},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run(t, mustNew(t, tc.cfg), "k", tc.steps)
+		})
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	l := mustNew(t, Config{Limit: 10, Burst: 2})
+	l.AllowN(t0, "k", 2)
+	r := l.AllowN(t0, "k", 1)
+	if r.Allowed || r.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("got %+v, want denial with RetryAfter 100ms", r)
+	}
+	if r := l.AllowN(t0, "k", 3); r.RetryAfter != math.MaxInt64 {
+		t.Fatalf("n above burst: RetryAfter %v, want MaxInt64", r.RetryAfter)
+	}
+	if r := l.AllowN(t0, "k", 0); r.Allowed {
+		t.Fatal("n = 0 was allowed")
+	}
+}
+
+func TestKeysAreIndependent(t *testing.T) {
+	l := mustNew(t, Config{Limit: 1, Burst: 1})
+	for i := 0; i < 100; i++ {
+		if !l.Allow(t0, fmt.Sprint("k", i)).Allowed {
+			t.Fatalf("key %d denied on its first request", i)
+		}
+	}
+	if l.Len() != 100 {
+		t.Fatalf("Len = %d, want 100", l.Len())
+	}
+}
+
+func TestAssignAndExpiry(t *testing.T) {
+	l := mustNew(t, Config{Limit: 100, Burst: 10, Instances: 4})
+	if l.Assign(t0, "k", Share{50, 5}, t0.Add(time.Second)) {
+		t.Fatal("Assign on an unknown key reported true")
+	}
+	l.AllowN(t0, "k", 2) // default share 25/s burst 2: now empty
+	if !l.Assign(t0, "k", Share{50, 5}, t0.Add(time.Second)) {
+		t.Fatal("Assign on a known key reported false")
+	}
+	r := l.AllowN(t0.Add(100*time.Millisecond), "k", 5) // 5 tokens at 50/s
+	if !r.Allowed || !r.Assigned {
+		t.Fatalf("at the assigned share: %+v", r)
+	}
+	st := l.AppendStats(nil)
+	if len(st) != 1 || !st[0].Assigned || st[0].Share != (Share{50, 5}) || st[0].Attempted != 7 {
+		t.Fatalf("stats %+v", st)
+	}
+	// After until the key is back at the default share, with its burst.
+	r = l.AllowN(t0.Add(2*time.Second), "k", 2)
+	if !r.Allowed || r.Assigned {
+		t.Fatalf("after expiry: %+v", r)
+	}
+	if r := l.AllowN(t0.Add(2*time.Second), "k", 1); r.Allowed {
+		t.Fatalf("default burst 2 exceeded after expiry: %+v", r)
+	}
+	l.Assign(t0.Add(2*time.Second), "k", Share{50, 5}, t0.Add(3*time.Second))
+	l.Unassign(t0.Add(2*time.Second), "k")
+	if st := l.AppendStats(nil); st[0].Assigned || st[0].Share != (Share{25, 2}) {
+		t.Fatalf("after Unassign: %+v", st[0])
+	}
+}
+
+func TestSetInstancesResplitsDefaultKeysOnly(t *testing.T) {
+	l := mustNew(t, Config{Limit: 120, Burst: 12, Instances: 3})
+	l.Allow(t0, "default")
+	l.Allow(t0, "leased")
+	l.Assign(t0, "leased", Share{90, 9}, t0.Add(time.Minute))
+	l.SetInstances(t0, 2)
+	got := map[string]Share{}
+	for _, s := range l.AppendStats(nil) {
+		got[s.Key] = s.Share
+	}
+	if got["default"] != (Share{60, 6}) || got["leased"] != (Share{90, 9}) {
+		t.Fatalf("shares after SetInstances(2): %+v", got)
+	}
+	if l.Default() != (Share{60, 6}) {
+		t.Fatalf("Default = %+v", l.Default())
+	}
+}
+
+func TestEvictIdle(t *testing.T) {
+	l := mustNew(t, Config{Limit: 1, Burst: 1})
+	l.Allow(t0, "old")
+	l.Allow(t0.Add(time.Minute), "new")
+	ev := l.EvictIdle(t0.Add(time.Minute), 30*time.Second, nil)
+	if len(ev) != 1 || ev[0] != "old" || l.Len() != 1 {
+		t.Fatalf("evicted %v, %d keys left", ev, l.Len())
+	}
+	// An evicted key starts afresh, full.
+	if !l.Allow(t0.Add(time.Minute), "old").Allowed {
+		t.Fatal("evicted key did not start afresh")
+	}
+}
+
+func TestAllowNDoesNotAllocate(t *testing.T) {
+	l := mustNew(t, Config{Limit: 1e9, Burst: 1000})
+	now := time.Now()
+	l.Allow(now, "hot")
+	if a := testing.AllocsPerRun(1000, func() { l.Allow(now, "hot") }); a != 0 {
+		t.Fatalf("AllowN on an existing key allocates %v times", a)
+	}
+}
+
+// TestConcurrentNeverOverAdmits drives one key from many goroutines with
+// real, racing timestamps: admitted tokens stay within rate*elapsed+burst,
+// which a bare rate.Limiter fed out-of-order times breaks.
+func TestConcurrentNeverOverAdmits(t *testing.T) {
+	const limit, burst, workers, each = 20000, 100, 32, 5000
+	l := mustNew(t, Config{Limit: limit, Burst: burst})
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	l.Allow(start, "k")
+	admitted.Add(1)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				if l.Allow(time.Now(), "k").Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	bound := int64(limit*elapsed.Seconds()) + burst + 1
+	if got := admitted.Load(); got > bound {
+		t.Fatalf("admitted %d in %v, bound %d", got, elapsed, bound)
+	}
+}
+
+func TestConcurrentEvictionAndDecisions(t *testing.T) {
+	l := mustNew(t, Config{Limit: 1e6, Burst: 10, Shards: 2})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				now := time.Now()
+				key := fmt.Sprint(i % 50)
+				l.Allow(now, key)
+				l.Assign(now, key, Share{10, 2}, now.Add(time.Millisecond))
+			}
+		}(w)
+	}
+	for i := 0; i < 200; i++ {
+		l.EvictIdle(time.Now(), 0, nil)
+		l.SetInstances(time.Now(), 1+i%5)
+		l.AppendStats(nil)
+	}
+	close(stop)
+	wg.Wait()
+}

@@ -1,0 +1,22 @@
+// Package membership reports N, the number of live instances of a service,
+// self included, and tells its watchers when N changes.
+//
+// A rate limit shared by N instances gives each instance a default share of
+// rate/N, so N must follow instances as they start, leave and crash. The
+// Counter interface is all a consumer needs: a cheap Count for hot paths, a
+// stable Name that identifies this instance, and Watch to learn of changes.
+//
+// Two implementations are provided. Static holds a count set by its owner,
+// for single-instance use and tests. Memberlist is backed by a
+// github.com/hashicorp/memberlist gossip cluster: Join starts a node, joins the
+// given seeds, and counts the live members, optionally encrypting gossip with
+// a shared key and capping the count at a configured maximum. A member that
+// leaves gracefully (Close) is gone from the others' counts within a gossip
+// round or two; a member that crashes is gone once failure detection declares
+// it dead, which takes seconds with the Local profile and longer with LAN.
+//
+// Watchers are called from one goroutine owned by the Counter, never from
+// memberlist's own callbacks, so a slow watcher cannot stall gossip. Changes
+// that happen in quick succession may be coalesced: a watcher always sees the
+// latest count, in order, but not necessarily every intermediate one.
+package membership

@@ -1,0 +1,339 @@
+package membership
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// DefaultPort is the port memberlist listens on by convention (TCP and UDP).
+const DefaultPort = 7946
+
+// DefaultLeaveTimeout is how long Close waits for its leave message to go
+// out when Config.LeaveTimeout is zero.
+const DefaultLeaveTimeout = 2 * time.Second
+
+// Profile selects memberlist's timing parameters.
+type Profile int
+
+const (
+	// LAN uses memberlist.DefaultLANConfig: conservative failure detection
+	// suited to a data-centre network. It is the zero value.
+	LAN Profile = iota
+	// Local uses memberlist.DefaultLocalConfig: fast failure detection, for
+	// tests and nodes on one host.
+	Local
+)
+
+// String returns "lan", "local", or "Profile(n)" for unknown values.
+func (p Profile) String() string {
+	switch p {
+	case LAN:
+		return "lan"
+	case Local:
+		return "local"
+	default:
+		return "Profile(" + strconv.Itoa(int(p)) + ")"
+	}
+}
+
+// Config configures a memberlist-backed Counter. The zero value starts a new
+// single-node cluster on a random port of every interface with the LAN
+// profile; DefaultConfig gives the usual production settings.
+type Config struct {
+	// Name is this node's name, unique in the cluster. Empty means the host
+	// name followed by a random suffix.
+	Name string
+
+	// BindAddr is the address to listen on (TCP and UDP). Empty means
+	// "0.0.0.0", every interface.
+	BindAddr string
+
+	// BindPort is the port to listen on. Zero means a free port chosen by the
+	// system (what tests want); Addr reports the port actually bound.
+	BindPort int
+
+	// AdvertiseAddr is the address other members use to reach this node, for
+	// when it differs from the bound one (NAT, containers). Empty means the
+	// bound address, or a private address of this host when bound to every
+	// interface.
+	AdvertiseAddr string
+
+	// AdvertisePort is the port other members use to reach this node. Zero
+	// means the bound port. It is ignored when BindPort is zero, since the
+	// chosen port is only known once bound.
+	AdvertisePort int
+
+	// Seeds are the "host:port" addresses of existing members to join. Empty
+	// means this node starts a new cluster. Join succeeds if at least one
+	// seed can be reached.
+	Seeds []string
+
+	// SecretKey, when set, encrypts and authenticates gossip with AES-GCM; it
+	// must be 16, 24 or 32 bytes long (AES-128, -192 or -256), and every
+	// member must use the same key. Nil means no encryption.
+	SecretKey []byte
+
+	// MaxInstances caps Count. Zero means no cap.
+	MaxInstances int
+
+	// Profile selects memberlist's timing parameters. The zero value is LAN.
+	Profile Profile
+
+	// Logger receives this package's logs and memberlist's own log lines, the
+	// latter at debug level. Nil means no logging at all.
+	Logger *slog.Logger
+
+	// LeaveTimeout bounds how long Close waits for its leave message to
+	// reach another member before shutting down anyway. Zero means
+	// DefaultLeaveTimeout.
+	LeaveTimeout time.Duration
+}
+
+// DefaultConfig returns the configuration for a production node: LAN
+// profile, every interface, DefaultPort and DefaultLeaveTimeout. The caller
+// adds Seeds and, usually, SecretKey.
+func DefaultConfig() Config {
+	return Config{
+		BindPort:     DefaultPort,
+		Profile:      LAN,
+		LeaveTimeout: DefaultLeaveTimeout,
+	}
+}
+
+// Memberlist is a Counter backed by a memberlist gossip cluster. Its count
+// is the number of members this node believes alive, self included, capped
+// at Config.MaxInstances. It is safe for concurrent use. Create it with Join
+// and release it with Close.
+type Memberlist struct {
+	name         string
+	addr         string
+	maxInstances int
+	leaveTimeout time.Duration
+	logger       *slog.Logger
+	ml           *memberlist.Memberlist
+	nt           *notifier
+	count        atomic.Int64
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ Counter = (*Memberlist)(nil)
+
+// Join starts a memberlist node configured by cfg and joins the cluster of
+// cfg.Seeds, or starts a new cluster when there are none. It returns an
+// error wrapping ErrInvalidConfig if cfg is unusable, ErrStart if the node
+// cannot be started (for example, the address is in use), or ErrJoin if no
+// seed could be joined, in which case the node has been shut down again.
+func Join(cfg Config) (*Memberlist, error) {
+	conf, err := memberlistConfig(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	m := &Memberlist{
+		name:         conf.Name,
+		maxInstances: cfg.MaxInstances,
+		leaveTimeout: cfg.LeaveTimeout,
+		logger:       logger,
+	}
+	if m.leaveTimeout == 0 {
+		m.leaveTimeout = DefaultLeaveTimeout
+	}
+	m.count.Store(1)
+	m.nt = newNotifier(m.refresh, m.Count, true)
+	conf.Events = eventDelegate{m.nt}
+
+	ml, err := memberlist.Create(conf)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: %w", ErrStart, conf.Name, err)
+	}
+	m.ml = ml
+	node := ml.LocalNode()
+	m.addr = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
+
+	if len(cfg.Seeds) > 0 {
+		if _, err := ml.Join(cfg.Seeds); err != nil {
+			_ = ml.Shutdown()
+			return nil, fmt.Errorf("%w via %s: %w", ErrJoin, strings.Join(cfg.Seeds, ", "), flatten(err))
+		}
+	}
+	m.refresh()
+	m.nt.start()
+	m.logger.Info("membership: joined", "name", m.name, "addr", m.addr, "count", m.Count(), "seeds", len(cfg.Seeds))
+	return m, nil
+}
+
+// memberlistConfig validates cfg and translates it.
+func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
+	var conf *memberlist.Config
+	switch cfg.Profile {
+	case LAN:
+		conf = memberlist.DefaultLANConfig()
+	case Local:
+		conf = memberlist.DefaultLocalConfig()
+	default:
+		return nil, fmt.Errorf("%w: unknown profile %v", ErrInvalidConfig, cfg.Profile)
+	}
+	if k := len(cfg.SecretKey); k != 0 && k != 16 && k != 24 && k != 32 {
+		return nil, fmt.Errorf("%w: secret key is %d bytes, want 16, 24 or 32", ErrInvalidConfig, k)
+	}
+	if cfg.MaxInstances < 0 {
+		return nil, fmt.Errorf("%w: negative MaxInstances %d", ErrInvalidConfig, cfg.MaxInstances)
+	}
+	if cfg.LeaveTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative LeaveTimeout %v", ErrInvalidConfig, cfg.LeaveTimeout)
+	}
+	if cfg.BindPort < 0 || cfg.BindPort > 65535 || cfg.AdvertisePort < 0 || cfg.AdvertisePort > 65535 {
+		return nil, fmt.Errorf("%w: port out of range", ErrInvalidConfig)
+	}
+
+	conf.Name = cfg.Name
+	if conf.Name == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "node"
+		}
+		conf.Name = host + "-" + randomSuffix()
+	}
+	conf.BindAddr = cfg.BindAddr
+	if conf.BindAddr == "" {
+		conf.BindAddr = "0.0.0.0"
+	}
+	conf.BindPort = cfg.BindPort
+	conf.AdvertiseAddr = cfg.AdvertiseAddr
+	conf.AdvertisePort = cfg.AdvertisePort
+	if conf.AdvertisePort == 0 {
+		conf.AdvertisePort = cfg.BindPort // memberlist replaces 0 by the chosen port
+	}
+	if len(cfg.SecretKey) > 0 {
+		conf.SecretKey = slices.Clone(cfg.SecretKey)
+	}
+	if cfg.Logger != nil {
+		conf.Logger = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)
+	} else {
+		conf.Logger = log.New(io.Discard, "", 0) // memberlist would log to stderr
+	}
+	return conf, nil
+}
+
+// refresh recomputes the count from memberlist's view. It runs on the
+// notifier goroutine (and once in Join), never inside a memberlist callback,
+// where memberlist holds the lock NumMembers takes.
+func (m *Memberlist) refresh() int {
+	n := max(m.ml.NumMembers(), 1)
+	if m.maxInstances > 0 {
+		n = min(n, m.maxInstances)
+	}
+	if old := m.count.Swap(int64(n)); old != int64(n) {
+		m.logger.Debug("membership: count changed", "name", m.name, "from", old, "to", n)
+	}
+	return n
+}
+
+// Name returns this node's name in the cluster.
+func (m *Memberlist) Name() string { return m.name }
+
+// Count returns the number of live members, self included, at least 1 and
+// at most Config.MaxInstances when that is set. It is a single atomic load.
+// After Close it keeps returning the last count.
+func (m *Memberlist) Count() int { return int(m.count.Load()) }
+
+// Watch implements Counter. Watchers registered after Close are never
+// called.
+func (m *Memberlist) Watch(fn func(n int)) (stop func()) { return m.nt.watch(fn) }
+
+// Addr returns the "host:port" other nodes use to reach this one, to be
+// given to them as a seed. With BindPort zero it carries the chosen port.
+func (m *Memberlist) Addr() string { return m.addr }
+
+// Members returns the names of the members this node believes alive, self
+// included, sorted. Unlike Count it is not capped by MaxInstances.
+func (m *Memberlist) Members() []string {
+	nodes := m.ml.Members()
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.Name
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Close leaves the cluster gracefully, waiting at most Config.LeaveTimeout
+// for the leave message to reach another member, then shuts the node down
+// and stops the watcher goroutine. The node is shut down even if the leave
+// times out; the error then says so, and the other members will notice the
+// departure through failure detection instead. Close is idempotent: later
+// calls return the first call's result. It must not be called from a
+// watcher.
+func (m *Memberlist) Close() error {
+	return m.close(true)
+}
+
+// close shuts the node down, after a graceful leave when leave is set.
+// Without leave it simulates a crash, for tests.
+func (m *Memberlist) close(leave bool) error {
+	m.closeOnce.Do(func() {
+		var errs []error
+		if leave {
+			if err := m.ml.Leave(m.leaveTimeout); err != nil {
+				errs = append(errs, fmt.Errorf("membership: leave %q: %w", m.name, err))
+			}
+		}
+		if err := m.ml.Shutdown(); err != nil {
+			errs = append(errs, fmt.Errorf("membership: shutdown %q: %w", m.name, err))
+		}
+		m.nt.close()
+		m.closeErr = errors.Join(errs...)
+		m.logger.Info("membership: closed", "name", m.name, "graceful", leave, "err", m.closeErr)
+	})
+	return m.closeErr
+}
+
+// eventDelegate turns memberlist's membership events into wake-ups of the
+// notifier goroutine. Its methods never block.
+type eventDelegate struct{ nt *notifier }
+
+func (d eventDelegate) NotifyJoin(*memberlist.Node)   { d.nt.signal() }
+func (d eventDelegate) NotifyLeave(*memberlist.Node)  { d.nt.signal() }
+func (d eventDelegate) NotifyUpdate(*memberlist.Node) { d.nt.signal() }
+
+// joinError flattens memberlist's multi-line multierror into one line while
+// keeping the individual errors reachable through errors.Is and errors.As.
+type joinError struct{ errs []error }
+
+func (e joinError) Error() string {
+	msgs := make([]string, len(e.errs))
+	for i, err := range e.errs {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e joinError) Unwrap() []error { return e.errs }
+
+func flatten(err error) error {
+	var multi interface{ WrappedErrors() []error }
+	if errors.As(err, &multi) {
+		if errs := multi.WrappedErrors(); len(errs) > 0 {
+			return joinError{errs}
+		}
+	}
+	return err
+}

@@ -1,0 +1,286 @@
+package membership
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// startNode joins a Local-profile node on 127.0.0.1, port 0, and closes it
+// at the end of the test.
+func startNode(t *testing.T, name string, mod func(*Config), seeds ...string) *Memberlist {
+	t.Helper()
+	cfg := Config{
+		Name:     name,
+		BindAddr: "127.0.0.1",
+		Seeds:    seeds,
+		Profile:  Local,
+		Logger:   testLogger(t),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	m, err := Join(cfg)
+	if err != nil {
+		t.Fatalf("Join(%s): %v", name, err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// testLogger sends logs to t.Log, so they show only for failing tests or -v.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func waitCount(t *testing.T, d time.Duration, want int, ms ...*Memberlist) {
+	t.Helper()
+	eventually(t, d, fmt.Sprintf("every node counts %d", want), func() bool {
+		for _, m := range ms {
+			if m.Count() != want {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestMemberlistCluster(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	n1 := startNode(t, "n1", nil)
+	if got := n1.Count(); got != 1 {
+		t.Fatalf("single node Count() = %d, want 1", got)
+	}
+	var r recorder
+	stop := n1.Watch(r.fn)
+	defer stop()
+
+	n2 := startNode(t, "n2", nil, n1.Addr())
+	waitCount(t, 5*time.Second, 2, n1, n2)
+	n3 := startNode(t, "n3", nil, n2.Addr())
+	waitCount(t, 5*time.Second, 3, n1, n2, n3)
+
+	eventually(t, 5*time.Second, "watcher sees 2 then 3", func() bool {
+		return slices.Equal(r.values(), []int{2, 3})
+	})
+	if got, want := n2.Members(), []string{"n1", "n2", "n3"}; !slices.Equal(got, want) {
+		t.Errorf("Members() = %v, want %v", got, want)
+	}
+	if n1.Name() != "n1" {
+		t.Errorf("Name() = %q, want n1", n1.Name())
+	}
+
+	// Graceful leave: the others notice within a few gossip rounds.
+	start := time.Now()
+	if err := n3.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := n3.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	waitCount(t, 3*time.Second, 2, n1, n2)
+	t.Logf("graceful leave seen after %v", time.Since(start))
+	eventually(t, 5*time.Second, "watcher sees 3 then 2", func() bool {
+		return slices.Equal(r.values(), []int{2, 3, 2})
+	})
+	if got, want := n1.Members(), []string{"n1", "n2"}; !slices.Equal(got, want) {
+		t.Errorf("Members() after leave = %v, want %v", got, want)
+	}
+}
+
+func TestMemberlistCrash(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	n1 := startNode(t, "n1", nil)
+	n2 := startNode(t, "n2", nil, n1.Addr())
+	n3 := startNode(t, "n3", nil, n1.Addr())
+	waitCount(t, 5*time.Second, 3, n1, n2, n3)
+
+	start := time.Now()
+	if err := n3.close(false); err != nil { // no leave message: a crash
+		t.Fatalf("crash: %v", err)
+	}
+	waitCount(t, 10*time.Second, 2, n1, n2)
+	t.Logf("crash detected after %v", time.Since(start))
+}
+
+func TestMemberlistMaxInstances(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	capAt2 := func(c *Config) { c.MaxInstances = 2 }
+	n1 := startNode(t, "n1", capAt2)
+	n2 := startNode(t, "n2", capAt2, n1.Addr())
+	n3 := startNode(t, "n3", capAt2, n1.Addr())
+	eventually(t, 5*time.Second, "every node sees 3 members", func() bool {
+		return len(n1.Members()) == 3 && len(n2.Members()) == 3 && len(n3.Members()) == 3
+	})
+	for _, m := range []*Memberlist{n1, n2, n3} {
+		if got := m.Count(); got != 2 {
+			t.Errorf("%s: Count() = %d with 3 members and MaxInstances 2, want 2", m.Name(), got)
+		}
+	}
+}
+
+func TestMemberlistEncryption(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	key := bytes.Repeat([]byte{7}, 32)
+	withKey := func(k []byte) func(*Config) {
+		return func(c *Config) { c.SecretKey = k }
+	}
+	n1 := startNode(t, "n1", withKey(key))
+	n2 := startNode(t, "n2", withKey(key), n1.Addr())
+	waitCount(t, 5*time.Second, 2, n1, n2)
+
+	_, err := Join(Config{
+		Name:      "intruder",
+		BindAddr:  "127.0.0.1",
+		Seeds:     []string{n1.Addr()},
+		SecretKey: bytes.Repeat([]byte{8}, 32),
+		Profile:   Local,
+		Logger:    testLogger(t),
+	})
+	if !errors.Is(err, ErrJoin) {
+		t.Fatalf("Join with another key: err = %v, want ErrJoin", err)
+	}
+	t.Logf("wrong key: %v", err)
+	if !strings.Contains(err.Error(), n1.Addr()) {
+		t.Errorf("error %q does not name the seed %s", err, n1.Addr())
+	}
+	if got := n1.Members(); !slices.Equal(got, []string{"n1", "n2"}) {
+		t.Errorf("Members() after rejected join = %v, want [n1 n2]", got)
+	}
+}
+
+func TestJoinInvalidConfig(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"key of 10 bytes", Config{SecretKey: make([]byte, 10)}},
+		{"key of 33 bytes", Config{SecretKey: make([]byte, 33)}},
+		{"unknown profile", Config{Profile: 9}},
+		{"negative max", Config{MaxInstances: -1}},
+		{"negative leave timeout", Config{LeaveTimeout: -time.Second}},
+		{"port out of range", Config{BindPort: 70000}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.BindAddr = "127.0.0.1"
+			m, err := Join(tt.cfg)
+			if !errors.Is(err, ErrInvalidConfig) {
+				if m != nil {
+					_ = m.Close()
+				}
+				t.Fatalf("Join: err = %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+func TestJoinUnreachableSeed(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	// A port that was free a moment ago: nobody listens there.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := ln.Addr().String()
+	ln.Close()
+
+	m, err := Join(Config{Name: "lonely", BindAddr: "127.0.0.1", Seeds: []string{seed}, Profile: Local, Logger: testLogger(t)})
+	if !errors.Is(err, ErrJoin) {
+		if m != nil {
+			_ = m.Close()
+		}
+		t.Fatalf("Join(%s): err = %v, want ErrJoin", seed, err)
+	}
+	if !strings.Contains(err.Error(), seed) {
+		t.Errorf("error %q does not name the seed %s", err, seed)
+	}
+	t.Logf("unreachable seed: %v", err)
+}
+
+func TestJoinAddrInUse(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	n1 := startNode(t, "n1", nil)
+	_, port, _ := net.SplitHostPort(n1.Addr())
+	var p int
+	fmt.Sscan(port, &p)
+	m, err := Join(Config{Name: "n2", BindAddr: "127.0.0.1", BindPort: p, Profile: Local})
+	if !errors.Is(err, ErrStart) {
+		if m != nil {
+			_ = m.Close()
+		}
+		t.Fatalf("Join on a used port: err = %v, want ErrStart", err)
+	}
+}
+
+func TestMemberlistDefaults(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	var buf syncBuffer
+	m, err := Join(Config{BindAddr: "127.0.0.1", Logger: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Name() == "" || !strings.Contains(m.Name(), "-") {
+		t.Errorf("generated Name() = %q, want host-suffix", m.Name())
+	}
+	if host, port, err := net.SplitHostPort(m.Addr()); err != nil || host != "127.0.0.1" || port == "0" {
+		t.Errorf("Addr() = %q, want 127.0.0.1 and the chosen port", m.Addr())
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if !strings.Contains(buf.String(), "memberlist:") {
+		t.Errorf("memberlist's logs were not routed to Logger; got:\n%s", buf.String())
+	}
+	if got := m.Count(); got != 1 {
+		t.Errorf("Count() after Close = %d, want 1", got)
+	}
+	// A watcher registered after Close is accepted and never called.
+	m.Watch(func(int) { t.Error("watcher called after Close") })()
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestProfileString(t *testing.T) {
+	for p, want := range map[Profile]string{LAN: "lan", Local: "local", 7: "Profile(7)"} {
+		if got := p.String(); got != want {
+			t.Errorf("Profile(%d).String() = %q, want %q", int(p), got, want)
+		}
+	}
+}

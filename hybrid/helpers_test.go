@@ -167,8 +167,9 @@ func drive(t *testing.T, inst []*hybrid.Limiter, ld load) outcome {
 }
 
 // exact is what one exact token bucket of rate and burst, starting full,
-// admits on the given sorted arrivals.
-func exact(rate float64, burst int, arrivals []time.Duration) int {
+// admits on the given sorted arrivals, counting only admissions at or after
+// from.
+func exact(rate float64, burst int, arrivals []time.Duration, from time.Duration) int {
 	tokens := float64(burst)
 	var last time.Duration
 	n := 0
@@ -177,10 +178,18 @@ func exact(rate float64, burst int, arrivals []time.Duration) int {
 		last = a
 		if tokens >= 1 {
 			tokens--
-			n++
+			if a >= from {
+				n++
+			}
 		}
 	}
 	return n
+}
+
+// since counts the sorted times at or after from.
+func since(times []time.Duration, from time.Duration) int {
+	i, _ := slices.BinarySearch(times, from)
+	return len(times) - i
 }
 
 // maxInWindow is the largest number of sorted times within any window of
@@ -222,4 +231,22 @@ func keys(n int) []string {
 		ks[i] = fmt.Sprintf("key-%04d", i)
 	}
 	return ks
+}
+
+// logPerSecond logs admissions and arrivals per second of the run.
+func logPerSecond(t *testing.T, o outcome) {
+	t.Helper()
+	n := int(o.elapsed/time.Second) + 1
+	adm, arr := make([]int, n), make([]int, n)
+	for _, v := range o.admitted {
+		for _, a := range v {
+			adm[a/time.Second]++
+		}
+	}
+	for _, v := range o.arrivals {
+		for _, a := range v {
+			arr[a/time.Second]++
+		}
+	}
+	t.Logf("per second admitted %v arrivals %v", adm, arr)
 }

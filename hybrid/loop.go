@@ -25,7 +25,7 @@ const (
 	// while a key that sees a request or two per renewal is averaged over
 	// seconds, so that its want is not mostly noise.
 	demandTokens  = 20
-	demandSamples = 16
+	demandSamples = 32
 )
 
 // lease is this instance's view of one key's rate lease. Owned by the loop.
@@ -46,18 +46,20 @@ type lease struct {
 type sample struct {
 	at        time.Time
 	attempted int64
+	cold      bool // the key's first request, see demand
 }
 
 // record notes the key's Attempted counter at t.
 func (le *lease) record(t time.Time, attempted int64) {
-	le.samples[le.next] = sample{t, attempted}
+	le.samples[le.next] = sample{at: t, attempted: attempted}
 	le.next = (le.next + 1) % demandSamples
 }
 
-// demand is the key's recent demand in tokens per second at now, given its
-// Attempted counter: measured back to the latest recorded sample that leaves
-// at least demandTokens tokens in the window, or to the oldest one.
-func (le *lease) demand(now time.Time, attempted int64) float64 {
+// demand is the key's recent demand in tokens per second at now: measured
+// back to the latest recorded sample that leaves at least demandTokens
+// tokens in the window, or to the oldest one. def is the key's default
+// share, the most a key with one request so far is taken to want.
+func (le *lease) demand(now time.Time, st *local.KeyStats, def float64) float64 {
 	var from sample
 	for i := 1; i <= demandSamples; i++ {
 		s := le.samples[(le.next-i+demandSamples)%demandSamples]
@@ -65,15 +67,25 @@ func (le *lease) demand(now time.Time, attempted int64) float64 {
 			break
 		}
 		from = s
-		if attempted-s.attempted >= demandTokens {
+		if st.Attempted-s.attempted >= demandTokens {
 			break
 		}
 	}
-	d := now.Sub(from.at).Seconds()
-	if from.at.IsZero() || d <= 0 {
+	if from.at.IsZero() || !now.After(from.at) {
 		return 0
 	}
-	return float64(attempted-from.attempted) / d
+	if !from.cold {
+		return float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
+	}
+	// The window opens with the key's first request: count the gaps
+	// between requests, not the requests, or a new key with a request every
+	// second looks like one with a request per tick.
+	since := now.Sub(st.Created).Seconds()
+	if st.Attempted <= 1 || !st.LastSeen.After(st.Created) {
+		return min(def, 1/since)
+	}
+	gaps := float64(st.Attempted-1) / st.LastSeen.Sub(st.Created).Seconds()
+	return min(gaps, float64(st.Attempted)/since)
 }
 
 // batch is one tick's worth of lease requests, reused across ticks.
@@ -166,9 +178,12 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		le := ls.leases[st.Key]
 		if le == nil {
 			// Cold start: seen since the last tick, at the default share.
-			le = &lease{sentAt: now.Add(-l.cfg.Tick)}
-			le.record(le.sentAt, 0)
-			ls.leases[st.Key] = le
+			le = &lease{sentAt: st.Created}
+			// A key's first decision opens the window its demand is
+			// measured over: one request on a new key says nothing of its
+			// rate, so it is not counted as one per tick.
+			le.samples[0] = sample{at: st.Created, attempted: 0, cold: true}
+			le.next = 1
 		}
 		if le.held && !now.Before(le.until) {
 			le.held = false
@@ -192,7 +207,7 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		if !due {
 			continue
 		}
-		want := max(le.demand(now, st.Attempted)*headroom, ls.Rate*minWantFraction)
+		want := max(le.demand(now, st, ls.Rate/float64(n))*headroom, ls.Rate*minWantFraction)
 		le.record(now, st.Attempted)
 		ttl := l.cfg.UncontendedTTL
 		if !le.requested || le.contended {

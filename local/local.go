@@ -76,8 +76,10 @@ type KeyStats struct {
 	// denied requests included. It only grows; callers compute demand from
 	// differences between snapshots.
 	Attempted int64
-	// LastSeen is the time of the key's latest decision or share change.
+	// LastSeen is the time of the key's latest decision.
 	LastSeen time.Time
+	// Created is the time of the key's first decision.
+	Created time.Time
 	// Assigned reports whether the key runs at an assigned share that has
 	// not yet expired as of LastSeen.
 	Assigned bool
@@ -110,6 +112,8 @@ type entry struct {
 	mu        sync.Mutex
 	lim       *rate.Limiter // guarded by mu, like every field below
 	last      time.Time     // latest time fed to lim; never moves backwards
+	created   time.Time     // time of the key's first decision
+	seen      time.Time     // time of the key's latest decision
 	attempted int64
 	assigned  bool
 	until     time.Time
@@ -188,6 +192,7 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) Result {
 			continue
 		}
 		t = e.advance(t)
+		e.seen = t
 		e.attempted += int64(n)
 		if e.assigned && !t.Before(e.until) {
 			e.fallBack(t, l.Default())
@@ -230,7 +235,7 @@ func (l *Limiter) insert(sh *shard, key string, t time.Time) *entry {
 	}
 	def := l.Default()
 	// A new rate.Limiter has never been advanced, so it starts full.
-	e := &entry{lim: rate.NewLimiter(def.Limit, def.Burst), last: t}
+	e := &entry{lim: rate.NewLimiter(def.Limit, def.Burst), last: t, created: t, seen: t}
 	sh.m[key] = e
 	return e
 }
@@ -357,7 +362,8 @@ func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
 			dst = append(dst, KeyStats{
 				Key:       k,
 				Attempted: e.attempted,
-				LastSeen:  e.last,
+				LastSeen:  e.seen,
+				Created:   e.created,
 				Assigned:  e.assigned && e.last.Before(e.until),
 				Until:     e.until,
 				Share:     Share{Limit: e.lim.Limit(), Burst: e.lim.Burst()},
@@ -379,7 +385,7 @@ func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []str
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			e.mu.Lock()
-			if e.last.Before(cutoff) {
+			if e.seen.Before(cutoff) {
 				e.evicted = true
 				delete(sh.m, k)
 				dst = append(dst, k)

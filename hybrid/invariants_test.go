@@ -47,7 +47,10 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 					}
 				}
 			}
+			c0 := scripts(t, srv)
 			o := drive(t, inst, load{limit: "api", keys: keys(tc.keys), perInst: per, duration: warmup + 10*time.Second})
+			cmds := scripts(t, srv) - c0
+			t.Logf("Redis commands %d for %d decisions: %.2f per 1000 decisions", cmds, o.decided, 1000*float64(cmds)/float64(o.decided))
 			if o.errs != 0 {
 				t.Fatalf("%d decisions returned errors", o.errs)
 			}

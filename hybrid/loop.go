@@ -184,6 +184,7 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 			// rate, so it is not counted as one per tick.
 			le.samples[0] = sample{at: st.Created, attempted: 0, cold: true}
 			le.next = 1
+			ls.leases[st.Key] = le
 		}
 		if le.held && !now.Before(le.until) {
 			le.held = false

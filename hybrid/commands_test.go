@@ -1,0 +1,74 @@
+package hybrid_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// scripts counts the script calls Redis has served: every round trip the
+// library makes is one EVALSHA (or one EVAL after a NOSCRIPT).
+func scripts(t *testing.T, srv *redistest.Server) int64 {
+	t.Helper()
+	st := srv.CommandStats(t)
+	return st["evalsha"] + st["eval"]
+}
+
+// TestCommandsFollowTheRenewalSchedule is invariant 4 of DESIGN.md, counted
+// on the server: Redis commands stay flat while demand grows tenfold, and
+// grow with the number of contended keys, not with the number of keys.
+func TestCommandsFollowTheRenewalSchedule(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 20 s; run without -short")
+	}
+	srv := redistest.Start(t)
+	const rate = 500.0
+	inst := cluster(t, srv, 1, nil, hybrid.Limit{Name: "api", Rate: rate, Burst: 50, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
+
+	// measure runs the load for 2 s, then counts commands over 3 s more,
+	// once the keys' leases have settled (an uncontended key renews every
+	// 2.5 s by default, so the window holds at least one renewal of each).
+	measure := func(name string, ks []string, perKey float64) float64 {
+		t.Helper()
+		per := []float64{perKey * float64(len(ks))}
+		drive(t, inst, load{limit: "api", keys: ks, perInst: per, duration: 2 * time.Second})
+		c0 := scripts(t, srv)
+		o := drive(t, inst, load{limit: "api", keys: ks, perInst: per, duration: 3 * time.Second})
+		perSec := float64(scripts(t, srv)-c0) / o.elapsed.Seconds()
+		t.Logf("%s: %d decisions, %.1f Redis commands/s", name, o.decided, perSec)
+		return perSec
+	}
+
+	hot := []string{"hot"}
+	low := measure("one key at 2x its rate", hot, 2*rate)
+	high := measure("one key at 20x its rate", hot, 20*rate)
+	if high > low*1.5+2 {
+		t.Errorf("commands grew from %.1f/s to %.1f/s when demand grew 10x", low, high)
+	}
+
+	uncontended := make([]string, 200)
+	for i := range uncontended {
+		uncontended[i] = fmt.Sprintf("cold-%d", i)
+	}
+	contended := make([]string, 20)
+	for i := range contended {
+		contended[i] = fmt.Sprintf("busy-%d", i)
+	}
+	perUncontended := measure("200 uncontended keys at rate/10", uncontended, rate/10) / 200
+	perContended := measure("20 contended keys at 2x rate", contended, 2*rate) / 20
+	t.Logf("commands per key per second: uncontended %.2f, contended %.2f", perUncontended, perContended)
+	if perUncontended*3 > perContended {
+		t.Errorf("an uncontended key costs %.2f commands/s, a contended one %.2f: want uncontended keys at least 3x cheaper", perUncontended, perContended)
+	}
+	cfg := hybrid.DefaultConfig(nil, nil)
+	// The schedule: an uncontended key renews at half its lease.
+	if most := 2 / cfg.UncontendedTTL.Seconds() * 1.5; perUncontended > most {
+		t.Errorf("uncontended key renews %.2f times/s, schedule allows %.2f", perUncontended, most)
+	}
+	if perUncontended == 0 {
+		t.Errorf("uncontended keys were not renewed at all in 3 s")
+	}
+}

@@ -1,0 +1,247 @@
+package hybrid_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// hammer calls Allow on every (limit, key) from one goroutine per instance
+// until stopped, and keeps per-limit tallies by source. It is closed-loop on
+// purpose: the point is to see whether any single decision waits.
+type hammer struct {
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	slow    atomic.Int64 // decisions of Hybrid limits that took over 100ms
+	errs    atomic.Int64
+	mu      sync.Mutex
+	last    map[string]hybrid.Decision       // latest decision per limit
+	allowed map[string]map[hybrid.Source]int // per limit
+}
+
+// Decisions of the limits in waits are expected to wait on Redis (Global
+// mode) and are not counted as slow.
+func startHammer(t *testing.T, inst []*hybrid.Limiter, limits []string, keys []string, waits ...string) *hammer {
+	t.Helper()
+	h := &hammer{stop: make(chan struct{}), last: map[string]hybrid.Decision{}, allowed: map[string]map[hybrid.Source]int{}}
+	for _, l := range limits {
+		h.allowed[l] = map[hybrid.Source]int{}
+	}
+	for _, l := range inst {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			ctx := context.Background()
+			for i := 0; ; i++ {
+				select {
+				case <-h.stop:
+					return
+				default:
+				}
+				limit := limits[i%len(limits)]
+				key := keys[(i/len(limits))%len(keys)]
+				start := time.Now()
+				d, err := l.Allow(ctx, limit, key)
+				if time.Since(start) > 100*time.Millisecond && !slices.Contains(waits, limit) {
+					h.slow.Add(1)
+				}
+				if err != nil {
+					h.errs.Add(1)
+					continue
+				}
+				h.mu.Lock()
+				h.last[limit] = d
+				if d.Allowed {
+					h.allowed[limit][d.Source]++
+				}
+				h.mu.Unlock()
+				if i%64 == 0 {
+					// Pace the load a little so the machine stays responsive;
+					// this schedules work, it waits for nothing.
+					time.Sleep(100 * time.Microsecond)
+				}
+			}
+		}()
+	}
+	t.Cleanup(h.halt)
+	return h
+}
+
+func (h *hammer) halt() {
+	select {
+	case <-h.stop:
+	default:
+		close(h.stop)
+	}
+	h.wg.Wait()
+}
+
+func (h *hammer) latest(limit string) hybrid.Decision {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last[limit]
+}
+
+// sourcesAre reports whether the latest decision seen on each limit came
+// from the wanted source.
+func (h *hammer) sourcesAre(want map[string]hybrid.Source) bool {
+	for l, s := range want {
+		if h.latest(l).Source != s {
+			return false
+		}
+	}
+	return true
+}
+
+// TestOutagePolicies is invariants 3 and 5 of DESIGN.md: with Redis killed
+// (and, separately, paused), each limit switches to the policy its owner
+// chose once its leases run out, no decision waits on the network, FailLocal
+// admits at most rate/N per instance, and leases resume once Redis is back.
+func TestOutagePolicies(t *testing.T) {
+	for _, fault := range []string{"kill", "pause"} {
+		t.Run(fault, func(t *testing.T) {
+			srv := redistest.Start(t)
+			const rate, burst = 200, 20
+			limits := []hybrid.Limit{
+				{Name: "local", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
+				{Name: "open", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen},
+				{Name: "closed", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
+				{Name: "global", Rate: rate, Burst: burst, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+			}
+			names := []string{"local", "open", "closed", "global"}
+			inst := cluster(t, srv, 2, nil, limits...)
+			h := startHammer(t, inst, names, keys(4), "global")
+
+			normal := map[string]hybrid.Source{"local": hybrid.SourceLease, "open": hybrid.SourceLease,
+				"closed": hybrid.SourceLease, "global": hybrid.SourceGlobal}
+			eventually(t, 5*time.Second, "every limit decides normally", func() bool { return h.sourcesAre(normal) })
+
+			outage := time.Now()
+			switch fault {
+			case "kill":
+				srv.Kill(t)
+			case "pause":
+				srv.Pause(t, 4*time.Second)
+			}
+			degraded := map[string]hybrid.Source{"local": hybrid.SourceLocal, "open": hybrid.SourceFailOpen,
+				"closed": hybrid.SourceFailClosed, "global": hybrid.SourceFailClosed}
+			eventually(t, 3*time.Second, "every limit follows its policy", func() bool {
+				if !h.sourcesAre(degraded) {
+					return false
+				}
+				for _, l := range inst {
+					if st, _ := l.Status("local"); !st.Degraded {
+						return false
+					}
+				}
+				return true
+			})
+			t.Logf("%s: policies in force after %v", fault, time.Since(outage).Round(time.Millisecond))
+			if d := h.latest("open"); !d.Allowed {
+				t.Errorf("FailOpen denied: %+v", d)
+			}
+			if d := h.latest("closed"); d.Allowed {
+				t.Errorf("FailClosed admitted: %+v", d)
+			}
+
+			// FailLocal: over a window with every lease gone, the two
+			// instances admit at most rate/2 each, plus their local bursts.
+			h.mu.Lock()
+			before := h.allowed["local"][hybrid.SourceLocal]
+			h.mu.Unlock()
+			window := time.Now()
+			time.Sleep(time.Second) // the measured window, not a synchronisation
+			h.mu.Lock()
+			got := h.allowed["local"][hybrid.SourceLocal] - before
+			h.mu.Unlock()
+			w := time.Since(window).Seconds()
+			// Per key: two instances at rate/2 each, with burst/2 each.
+			bound := 4 * (rate*w + burst + 2)
+			t.Logf("FailLocal admitted %d in %.2fs over 4 keys, bound %.0f", got, w, bound)
+			if float64(got) > bound {
+				t.Errorf("FailLocal admitted %d in %.2fs over 4 keys, bound %.0f", got, w, bound)
+			}
+			for _, l := range inst {
+				st, _ := l.Status("local")
+				if st.LocalShare.Limit != rate/2 {
+					t.Errorf("FailLocal share %v, want rate/N = %v", st.LocalShare.Limit, rate/2)
+				}
+			}
+
+			back := time.Now()
+			switch fault {
+			case "kill":
+				srv.Restart(t)
+			case "pause":
+				back = outage.Add(4 * time.Second)
+			}
+			eventually(t, 10*time.Second, "leases resume", func() bool { return h.sourcesAre(normal) })
+			t.Logf("%s: leases back %v after Redis was", fault, time.Since(back).Round(time.Millisecond))
+			h.halt()
+			if n := h.slow.Load(); n != 0 {
+				t.Errorf("%d decisions took over 100ms", n)
+			}
+			if n := h.errs.Load(); n != 0 {
+				t.Errorf("%d decisions returned errors", n)
+			}
+		})
+	}
+}
+
+// TestFlushMidRun wipes Redis's keys (FLUSHALL) or its script cache (SCRIPT
+// FLUSH) in the middle of a skewed run: decisions carry on without errors,
+// leases come back by themselves, and the bound of invariant 1 holds with
+// one more cold start per instance for the flush (the leases Redis forgot
+// are the only state lost).
+func TestFlushMidRun(t *testing.T) {
+	for _, fault := range []string{"flushall", "script flush"} {
+		t.Run(fault, func(t *testing.T) {
+			srv := redistest.Start(t)
+			const instances, rate, burst = 4, 2000.0, 200
+			inst := cluster(t, srv, instances, nil, hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed})
+			per := []float64{1.8 * rate, 0.2 * rate / 3, 0.2 * rate / 3, 0.2 * rate / 3}
+			var at time.Duration
+			start := time.Now()
+			o := drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: per, duration: 4 * time.Second, during: func() {
+				at = time.Since(start)
+				switch fault {
+				case "flushall":
+					srv.FlushAll(t)
+				case "script flush":
+					srv.ScriptFlush(t)
+				}
+			}})
+			if o.errs != 0 || o.slow != 0 {
+				t.Fatalf("%d errors, %d slow decisions", o.errs, o.slow)
+			}
+			if o.sources[hybrid.SourceFailClosed] != 0 {
+				t.Errorf("%d decisions fell to the outage policy: a flush is not an outage", o.sources[hybrid.SourceFailClosed])
+			}
+			tick := hybrid.DefaultConfig(nil, nil).Tick.Seconds()
+			coldStart := instances * (burst/instances + rate/instances*tick)
+			for _, w := range []time.Duration{100 * time.Millisecond, time.Second} {
+				bound := rate*w.Seconds() + burst + 2*coldStart + instances
+				if got := maxInWindow(o.admitted["k"], w); float64(got) > bound {
+					t.Errorf("%d admitted in a %v window, bound %.0f (flush at %v)", got, w, bound, at)
+				}
+			}
+			// Leases are back after the flush: the last second is decided on
+			// leases, and admits about the rate.
+			last := o.admitted["k"][len(o.admitted["k"])-1] - time.Second
+			if got := since(o.admitted["k"], last); float64(got) < 0.9*rate {
+				t.Errorf("last second after the flush admitted %d, want about %v", got, rate)
+			}
+			for i, l := range inst {
+				if st, _ := l.Status("api"); st.Degraded || st.LeasedRate == 0 {
+					t.Errorf("instance %d after the flush: %+v", i, st)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,115 @@
+package local_test
+
+import (
+	"fmt"
+	"log"
+	"math"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// t0 is the fixed instant the examples start at, so that their output does
+// not depend on the clock.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func ExampleNew() {
+	// A limit of 100 tokens/s with bursts of 20, on one of 4 instances: each
+	// key starts at a default share of a quarter of both.
+	l, err := local.New(local.Config{Limit: 100, Burst: 20, Instances: 4})
+	if err != nil {
+		log.Fatal(err)
+	}
+	def := l.Default()
+	fmt.Printf("limit %v/s burst %d, default share %v/s burst %d\n", l.Limit(), l.Burst(), def.Limit, def.Burst)
+
+	// A bad Config is an error wrapping local.ErrInvalid.
+	_, err = local.New(local.Config{Limit: 100})
+	fmt.Println(err)
+	// Output:
+	// limit 100/s burst 20, default share 25/s burst 5
+	// local: invalid config: burst 0 must be at least 1
+}
+
+func ExampleLimiter_AllowN() {
+	// 10 tokens/s with bursts of 5 on a single instance.
+	l, err := local.New(local.Config{Limit: 10, Burst: 5})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, s := range []struct {
+		at time.Duration
+		n  int
+	}{
+		{0, 3},                      // a new key starts full: 5 tokens
+		{0, 2},                      // takes the rest
+		{0, 1},                      // empty: denied, 1 token comes in 100ms
+		{100 * time.Millisecond, 1}, // refilled by one token
+		{300 * time.Millisecond, 3}, // only 2 tokens have come in
+		{time.Second, 6},            // more than the burst: never
+	} {
+		r := l.AllowN(t0.Add(s.at), "user-42", s.n)
+		retry := fmt.Sprint(r.RetryAfter)
+		if r.RetryAfter == math.MaxInt64 {
+			retry = "never"
+		}
+		fmt.Printf("t=%v n=%d: allowed=%v remaining=%d retry=%s\n", s.at, s.n, r.Allowed, r.Remaining, retry)
+	}
+	// Output:
+	// t=0s n=3: allowed=true remaining=2 retry=0s
+	// t=0s n=2: allowed=true remaining=0 retry=0s
+	// t=0s n=1: allowed=false remaining=0 retry=100ms
+	// t=100ms n=1: allowed=true remaining=0 retry=0s
+	// t=300ms n=3: allowed=false remaining=2 retry=100ms
+	// t=1s n=6: allowed=false remaining=5 retry=never
+}
+
+func ExampleSplit() {
+	// 100 tokens/s with bursts of 10 over 3 instances: the burst is rounded
+	// down.
+	s := local.Split(100, 10, 3)
+	fmt.Printf("%.2f/s burst %d\n", float64(s.Limit), s.Burst)
+
+	// Every instance keeps a burst of at least 1, even when there are more
+	// instances than tokens of burst.
+	s = local.Split(100, 2, 4)
+	fmt.Printf("%.2f/s burst %d\n", float64(s.Limit), s.Burst)
+
+	// An instance count below 1 counts as 1.
+	s = local.Split(100, 10, 0)
+	fmt.Printf("%.2f/s burst %d\n", float64(s.Limit), s.Burst)
+	// Output:
+	// 33.33/s burst 3
+	// 25.00/s burst 1
+	// 100.00/s burst 10
+}
+
+func ExampleLimiter_Assign() {
+	// Default share: 100/4 = 25 tokens/s, burst 20/4 = 5.
+	l, err := local.New(local.Config{Limit: 100, Burst: 20, Instances: 4})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// Only a key that exists can be assigned a share.
+	fmt.Println("assign unknown key:", l.Assign(t0, "user-42", local.Share{Limit: 60, Burst: 12}, t0.Add(time.Second)))
+	l.Allow(t0, "user-42") // creates the key at the default share
+
+	// Run the key at 60 tokens/s, burst 12, for one second (a lease, say).
+	fmt.Println("assign:", l.Assign(t0, "user-42", local.Share{Limit: 60, Burst: 12}, t0.Add(time.Second)))
+	r := l.AllowN(t0.Add(500*time.Millisecond), "user-42", 10)
+	fmt.Printf("at 500ms: allowed=%v remaining=%d assigned=%v\n", r.Allowed, r.Remaining, r.Assigned)
+
+	// Once the share ends the key is back at the default share by itself:
+	// 10 tokens are now more than its burst of 5.
+	r = l.AllowN(t0.Add(2*time.Second), "user-42", 10)
+	fmt.Printf("at 2s:    allowed=%v remaining=%d assigned=%v\n", r.Allowed, r.Remaining, r.Assigned)
+	r = l.AllowN(t0.Add(2*time.Second), "user-42", 5)
+	fmt.Printf("at 2s:    allowed=%v remaining=%d assigned=%v\n", r.Allowed, r.Remaining, r.Assigned)
+	// Output:
+	// assign unknown key: false
+	// assign: true
+	// at 500ms: allowed=true remaining=2 assigned=true
+	// at 2s:    allowed=false remaining=5 assigned=false
+	// at 2s:    allowed=true remaining=0 assigned=false
+}

@@ -115,6 +115,27 @@ func waterFill(rate float64, wants []float64) []float64 {
 	return alloc
 }
 
+// fairSplit is what the lease script grants each of n instances with the
+// given wants once every instance has renewed: the max-min fair split when
+// the wants exceed rate, otherwise each want plus an n-th of what nobody
+// wants. A want of 0 (a release) is granted 0.
+func fairSplit(rate float64, wants []float64, n int) []float64 {
+	sum := 0.0
+	for _, w := range wants {
+		sum += w
+	}
+	if sum > rate {
+		return waterFill(rate, wants)
+	}
+	out := make([]float64, len(wants))
+	for i, w := range wants {
+		if w > 0 {
+			out[i] = w + (rate-sum)/float64(max(n, len(wants)))
+		}
+	}
+	return out
+}
+
 func approx(a, b float64) bool {
 	return math.Abs(a-b) <= 1e-9*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
 }

@@ -12,6 +12,8 @@
 --          asked yet are counted as wanting rate/n (>= 0)
 --
 -- Returns {granted, fair, demand, contended ("0"/"1"), expiry_us}, all strings
+-- (fair: this instance's max-min fair share; when the key is uncontended, its
+-- want plus an N-th of what nobody wants)
 -- because Redis truncates Lua numbers to integers.
 --
 -- Invariant: after every run, the sum of granted over the live leases of the
@@ -96,6 +98,12 @@ for i = 1, #wants do
 end
 local fair = want
 if level ~= nil and level < fair then fair = level end
+-- Uncontended: what nobody wants is split N ways on top of each want, so a
+-- key one instance uses runs with at least its default share (and burst)
+-- there, while N-1 parts stay free for instances that start wanting it.
+if level == nil and want > 0 then
+  fair = want + left / math.max(n, #wants)
+end
 
 local granted = math.min(fair, rate - others)
 if granted < 0 or want == 0 then granted = 0 end

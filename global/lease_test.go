@@ -40,11 +40,12 @@ func TestLeaseSingle(t *testing.T) {
 		demand    float64
 		contended bool
 	}{
-		{"alone wants less than rate", 1, 30, 30, 30, false},
+		// Uncontended: the want plus an N-th of what nobody wants.
+		{"alone wants less than rate", 1, 30, 100, 30, false},
 		{"alone wants the rate", 1, 100, 100, 100, false},
 		{"alone wants more than rate", 1, 250, 100, 250, true},
 		{"cold of four wants everything", 4, 100, 25, 175, true},
-		{"cold of four wants little", 4, 10, 10, 85, false},
+		{"cold of four wants little", 4, 10, 13.75, 85, false},
 		{"cold of two wants more", 2, 80, 50, 130, true},
 	}
 	srv := redistest.Start(t)
@@ -98,7 +99,7 @@ func TestLeaseConvergence(t *testing.T) {
 					phantom[i] = rate / float64(len(wants))
 				}
 			}
-			fair := waterFill(rate, phantom)
+			fair := fairSplit(rate, phantom, len(wants))
 			for i, w := range wants {
 				if w == 0 {
 					fair[i] = 0
@@ -318,7 +319,8 @@ func TestLeaseNoScript(t *testing.T) {
 			t.Fatalf("round %d: Lease after SCRIPT FLUSH: %v", round, err)
 		}
 		for i, l := range out {
-			if l.Err != nil || !approx(l.Granted, 1) {
+			// Alone and uncontended: all of the rate.
+			if l.Err != nil || !approx(l.Granted, 10) {
 				t.Fatalf("round %d: out[%d] = %+v", round, i, l)
 			}
 		}
@@ -410,8 +412,8 @@ func TestLeaseUniversalClient(t *testing.T) {
 	if err := store.Lease(context.Background(), reqs, out); err != nil {
 		t.Fatalf("Lease: %v", err)
 	}
-	if !approx(out[0].Granted, 3) || !approx(out[1].Granted, 10) || out[0].Err != nil || out[1].Err != nil {
-		t.Errorf("Lease = %+v, want grants 3 and 10", out)
+	if !approx(out[0].Granted, 10) || out[0].Contended || !approx(out[1].Granted, 10) || !out[1].Contended || out[0].Err != nil || out[1].Err != nil {
+		t.Errorf("Lease = %+v, want grants 10 (uncontended) and 10 (contended)", out)
 	}
 	if _, err := store.TakeN(context.Background(), "u", "a", 1, 1, 1); err != nil {
 		t.Errorf("TakeN: %v", err)
@@ -439,8 +441,8 @@ func TestLeaseWrongType(t *testing.T) {
 		t.Errorf("out[1].Err = %v, want WRONGTYPE", out[1].Err)
 	}
 	for _, i := range []int{0, 2} {
-		if out[i].Err != nil || !approx(out[i].Granted, 1) {
-			t.Errorf("out[%d] = %+v, want granted 1", i, out[i])
+		if out[i].Err != nil || !approx(out[i].Granted, 10) {
+			t.Errorf("out[%d] = %+v, want granted 10", i, out[i])
 		}
 	}
 	if err := store.Release(ctx, reqs); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
@@ -497,7 +499,7 @@ func TestLeaseInvalid(t *testing.T) {
 	if err := store.Lease(ctx, []global.LeaseRequest{bad, ok}, out); err != nil {
 		t.Fatalf("Lease: %v", err)
 	}
-	if !errors.Is(out[0].Err, global.ErrInvalid) || out[1].Err != nil || !approx(out[1].Granted, 1) {
+	if !errors.Is(out[0].Err, global.ErrInvalid) || out[1].Err != nil || out[1].Granted <= 0 {
 		t.Errorf("Lease(bad, ok) = %+v", out)
 	}
 }

@@ -38,6 +38,10 @@ type Limiter struct {
 
 	peakMu  sync.Mutex
 	samples []peerSample // guarded by peakMu: instance counts seen within PeakWindow
+
+	// shareMu serialises re-splits of the default shares, so that a count
+	// change and a degrade at the same moment cannot leave a stale share.
+	shareMu sync.Mutex
 }
 
 type peerSample struct {
@@ -51,6 +55,7 @@ type limitState struct {
 	loc      *local.Limiter // Local and Hybrid decisions; FailLocal for Global
 	degraded atomic.Bool    // Redis unreachable: cold keys and Global decisions follow OnOutage
 	m        *limitMetrics
+	count    bool // count decisions: metrics are registered somewhere
 
 	// Owned by the lease loop goroutine.
 	leases map[string]*lease
@@ -91,7 +96,8 @@ func New(cfg Config) (*Limiter, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
 		}
-		ls := &limitState{Limit: lim, loc: loc, m: m.forLimit(lim.Name), leases: make(map[string]*lease)}
+		ls := &limitState{Limit: lim, loc: loc, m: m.forLimit(lim.Name), leases: make(map[string]*lease),
+			count: cfg.Registerer != nil}
 		l.limits[lim.Name] = ls
 		l.order = append(l.order, ls)
 	}
@@ -128,7 +134,15 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	}
 	if n > ls.Burst {
 		d := Decision{RetryAfter: Never, Source: SourceLocal}
-		ls.m.decisions[d.Source][0].Inc()
+		switch ls.Mode {
+		case Global:
+			d.Source = SourceGlobal
+		case Hybrid:
+			d.Source = SourceLease
+		}
+		if ls.count {
+			ls.m.decisions[d.Source][0].Inc()
+		}
 		return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, limit, n, ls.Burst)
 	}
 	var d Decision
@@ -151,7 +165,9 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 			return Decision{}, err
 		}
 	}
-	ls.m.decisions[d.Source][b2i(d.Allowed)].Inc()
+	if ls.count {
+		ls.m.decisions[d.Source][b2i(d.Allowed)].Inc()
+	}
 	return d, nil
 }
 
@@ -198,14 +214,23 @@ func (l *Limiter) global(ctx context.Context, ls *limitState, key string, n int)
 }
 
 // Wait blocks until n tokens of key under limit are admitted, or ctx ends.
-// It returns ctx's error if ctx ends first, ErrExceedsBurst at once if n
-// exceeds the limit's burst, and the errors of AllowN.
+// It returns ctx's error if ctx ends first, and the errors of AllowN. It
+// returns ErrExceedsBurst at once if n exceeds the limit's burst, or if n
+// exceeds this instance's share of the burst while that share is fixed (a
+// Local limit, or FailLocal during an outage): such a wait could never end.
 func (l *Limiter) Wait(ctx context.Context, limit, key string, n int) error {
 	var timer *time.Timer
 	for {
 		d, err := l.AllowN(ctx, limit, key, n)
 		if err != nil {
 			return err
+		}
+		if d.RetryAfter == Never && d.Source == SourceLocal {
+			ls := l.limits[limit]
+			if ls.Mode == Local || ls.degraded.Load() {
+				return fmt.Errorf("%w: limit %q: n %d exceeds this instance's share of the burst (%d of %d)",
+					ErrExceedsBurst, limit, n, ls.loc.Default().Burst, ls.Burst)
+			}
 		}
 		if d.Allowed {
 			if timer != nil {
@@ -309,8 +334,15 @@ func (l *Limiter) onPeers(n int) {
 	l.m.peers.Set(float64(n))
 	l.log.Info("hybridlimit: instance count changed", "instances", n)
 	for _, ls := range l.order {
-		ls.loc.SetDefault(now, l.localShare(ls, now))
+		l.resplit(ls, now)
 	}
+}
+
+// resplit sets the default share of ls for the current count and mode.
+func (l *Limiter) resplit(ls *limitState, now time.Time) {
+	l.shareMu.Lock()
+	defer l.shareMu.Unlock()
+	ls.loc.SetDefault(now, l.localShare(ls, now))
 }
 
 // peak returns the largest instance count seen within PeakWindow of now.
@@ -318,9 +350,10 @@ func (l *Limiter) peak(now time.Time) int {
 	l.peakMu.Lock()
 	defer l.peakMu.Unlock()
 	cut := now.Add(-l.cfg.PeakWindow)
-	// Drop old samples but keep the latest, which is the current count.
+	// A sample holds from its time until the next one's: drop those that
+	// ended before the window. The latest always holds.
 	i := 0
-	for i < len(l.samples)-1 && l.samples[i].at.Before(cut) {
+	for i < len(l.samples)-1 && l.samples[i+1].at.Before(cut) {
 		i++
 	}
 	l.samples = l.samples[i:]
@@ -357,5 +390,5 @@ func (l *Limiter) setDegraded(ls *limitState, on bool, cause error) {
 		ls.m.degraded.Set(0)
 		l.log.Info("hybridlimit: Redis reachable again, limit back to normal", "limit", ls.Name)
 	}
-	ls.loc.SetDefault(now, l.localShare(ls, now))
+	l.resplit(ls, now)
 }

@@ -17,8 +17,10 @@ const (
 	// minWantFraction of the rate is the least a live key asks for.
 	minWantFraction = 1e-3
 	// earlyGrowth is how far demand must outgrow the grant of an
-	// uncontended key before it renews early.
-	earlyGrowth = 1.2
+	// uncontended key before it renews early, at most every earlyEvery
+	// ticks.
+	earlyGrowth = 1.0
+	earlyEvery  = 4
 	// A key's demand is measured over the most recent window that holds
 	// at least demandTokens tokens (or all its recorded history, demandSamples
 	// renewals back): a busy key follows shifts within a renewal or two,
@@ -144,6 +146,10 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 				}
 			}
 		}
+		if ls.OnOutage == FailLocal && ls.degraded.Load() {
+			// The largest recent count may have aged out of PeakWindow.
+			l.resplit(ls, now)
+		}
 		switch ls.Mode {
 		case Hybrid:
 			l.collect(now, n, ls, b)
@@ -202,7 +208,7 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		}
 		demand := float64(st.Attempted-le.attemptedAt) / elapsed.Seconds()
 		due := !le.requested || !now.Before(le.renewAt)
-		if !due && !le.contended && elapsed >= 2*l.cfg.Tick && demand > le.granted*earlyGrowth {
+		if !due && !le.contended && elapsed >= earlyEvery*l.cfg.Tick && demand > le.granted*earlyGrowth {
 			due = true // demand outgrew an uncontended grant: ask now
 		}
 		if !due {

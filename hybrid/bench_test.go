@@ -1,0 +1,309 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// The benchmarked limits are so generous that decisions are admitted: the
+// benchmarks measure the cost of deciding. Each reports admitted/op, the
+// fraction of decisions admitted, so that a run measuring denials shows.
+const (
+	benchRate  = 1e9
+	benchBurst = 1_000_000
+	benchLimit = "bench"
+)
+
+// benchKeyList returns n distinct keys, generated before the timer starts.
+func benchKeyList(n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("user-%06d", i)
+	}
+	return ks
+}
+
+// benchLimiter starts a Limiter with the one limit benchLimit of mode m on a
+// single static instance, closed in b.Cleanup. rdb may be nil for Local.
+func benchLimiter(b *testing.B, srv *redistest.Server, m hybrid.Mode) *hybrid.Limiter {
+	b.Helper()
+	cfg := hybrid.Config{
+		Members: membership.NewStatic("bench-1", 1),
+		Limits: []hybrid.Limit{{
+			Name: benchLimit, Rate: benchRate, Burst: benchBurst, Mode: m, OnOutage: hybrid.FailLocal,
+		}},
+	}
+	if srv != nil {
+		cfg.Redis = srv.Client(b)
+	}
+	l, err := hybrid.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := l.Close(ctx); err != nil {
+			b.Error(err)
+		}
+	})
+	return l
+}
+
+// benchWarm decides once on every key, waits until the lease loop has put
+// leases in force, then until every key decides on its lease, so that the
+// benchmark measures the leased path rather than the cold start.
+func benchWarm(b *testing.B, l *hybrid.Limiter, keys []string) {
+	b.Helper()
+	ctx := context.Background()
+	for _, k := range keys {
+		if _, err := l.Allow(ctx, benchLimit, k); err != nil {
+			b.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	poll := func(what string) {
+		b.Helper()
+		if time.Now().After(deadline) {
+			b.Fatalf("not within 10s: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval
+	}
+	for {
+		st, err := l.Status(benchLimit)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if st.LeasedRate > 0 {
+			break
+		}
+		poll("a lease in force")
+	}
+	for _, k := range keys {
+		for {
+			d, err := l.Allow(ctx, benchLimit, k)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if d.Source == hybrid.SourceLease {
+				break
+			}
+			poll(fmt.Sprintf("key %s deciding on its lease (source %v)", k, d.Source))
+		}
+	}
+	// A lease follows the key's measured demand, so a key that jumps from
+	// one decision to millions per second is denied until renewals catch
+	// up. Drive the keys at full speed until a whole round of decisions is
+	// admitted, as it would be in a service that has been running a while.
+	for {
+		denied, ops := 0, 0
+		for start := time.Now(); time.Since(start) < 100*time.Millisecond; {
+			for range 100 {
+				d, err := l.Allow(ctx, benchLimit, keys[ops%len(keys)])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !d.Allowed {
+					denied++
+				}
+				ops++
+			}
+		}
+		if denied == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("leases did not catch up with demand within 10s: %d of %d decisions denied in the last 100ms", denied, ops)
+		}
+	}
+}
+
+// benchCheck fails the benchmark if the limit went degraded during the run,
+// which would mean it measured the outage policy instead.
+func benchCheck(b *testing.B, l *hybrid.Limiter) {
+	b.Helper()
+	st, err := l.Status(benchLimit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if st.Degraded {
+		b.Fatalf("limit %s degraded during the run: Redis was unreachable", benchLimit)
+	}
+}
+
+// mapLimiter is the obvious hand-written keyed limiter: one map of
+// x/time/rate limiters behind one mutex.
+type mapLimiter struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter // guarded by mu
+}
+
+func newMapLimiter(keys []string) *mapLimiter {
+	ml := &mapLimiter{m: make(map[string]*rate.Limiter, len(keys))}
+	for _, k := range keys {
+		ml.m[k] = rate.NewLimiter(benchRate, benchBurst)
+	}
+	return ml
+}
+
+func (ml *mapLimiter) allow(key string) bool {
+	ml.mu.Lock()
+	lim := ml.m[key]
+	if lim == nil {
+		lim = rate.NewLimiter(benchRate, benchBurst)
+		ml.m[key] = lim
+	}
+	ml.mu.Unlock()
+	return lim.AllowN(time.Now(), 1)
+}
+
+// benchLoop decides on keys in turn until b.Loop ends and reports the
+// fraction admitted.
+func benchLoop(b *testing.B, l *hybrid.Limiter, keys []string) {
+	b.Helper()
+	ctx := context.Background()
+	var ops, admitted int
+	i := 0
+	for b.Loop() {
+		d, err := l.Allow(ctx, benchLimit, keys[i])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+		ops++
+		if i++; i == len(keys) {
+			i = 0
+		}
+	}
+	b.ReportMetric(float64(admitted)/float64(ops), "admitted/op")
+}
+
+// benchParallel decides on keys from every goroutine, each starting at its
+// own key, and reports the fraction admitted.
+func benchParallel(b *testing.B, keys []string, allow func(key string) (bool, error)) {
+	b.Helper()
+	var start, ops, admitted atomic.Int64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(start.Add(131)) % len(keys)
+		var n, ok int64
+		for pb.Next() {
+			allowed, err := allow(keys[i])
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if allowed {
+				ok++
+			}
+			n++
+			if i++; i == len(keys) {
+				i = 0
+			}
+		}
+		ops.Add(n)
+		admitted.Add(ok)
+	})
+	b.ReportMetric(float64(admitted.Load())/float64(max(ops.Load(), 1)), "admitted/op")
+}
+
+// BenchmarkAllow compares the decision cost of each mode with bare
+// x/time/rate limiters. mode=hybrid decides on a leased share (the lease
+// loop runs against a real Redis in the background); mode=global makes one
+// Redis round trip per decision, the classic design.
+func BenchmarkAllow(b *testing.B) {
+	srv := redistest.Start(b)
+	one, thousand := benchKeyList(1), benchKeyList(1000)
+
+	b.Run("baseline=rate.Limiter/keys=1", func(b *testing.B) {
+		b.ReportAllocs()
+		lim := rate.NewLimiter(benchRate, benchBurst)
+		admitted, ops := 0, 0
+		for b.Loop() {
+			if lim.AllowN(time.Now(), 1) {
+				admitted++
+			}
+			ops++
+		}
+		b.ReportMetric(float64(admitted)/float64(ops), "admitted/op")
+	})
+	b.Run("baseline=rate.Limiter+map/keys=1000", func(b *testing.B) {
+		b.ReportAllocs()
+		ml := newMapLimiter(thousand)
+		admitted, ops, i := 0, 0, 0
+		for b.Loop() {
+			if ml.allow(thousand[i]) {
+				admitted++
+			}
+			ops++
+			if i++; i == len(thousand) {
+				i = 0
+			}
+		}
+		b.ReportMetric(float64(admitted)/float64(ops), "admitted/op")
+	})
+	b.Run("mode=local/keys=1", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiter(b, nil, hybrid.Local)
+		benchLoop(b, l, one)
+	})
+	b.Run("mode=hybrid/keys=1", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiter(b, srv, hybrid.Hybrid)
+		benchWarm(b, l, one)
+		benchLoop(b, l, one)
+		benchCheck(b, l)
+	})
+	b.Run("mode=hybrid/keys=1000", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiter(b, srv, hybrid.Hybrid)
+		benchWarm(b, l, thousand)
+		benchLoop(b, l, thousand)
+		benchCheck(b, l)
+	})
+	b.Run("mode=global/keys=1", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiter(b, srv, hybrid.Global)
+		// Load the script and check the decisions are Redis's own.
+		d, err := l.Allow(context.Background(), benchLimit, one[0])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Source != hybrid.SourceGlobal {
+			b.Fatalf("warm-up decided by %v, want %v", d.Source, hybrid.SourceGlobal)
+		}
+		benchLoop(b, l, one)
+		benchCheck(b, l)
+	})
+
+	// The parallel variants spread all goroutines over 1000 keys.
+	b.Run("baseline=rate.Limiter+map/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		ml := newMapLimiter(thousand)
+		benchParallel(b, thousand, func(key string) (bool, error) { return ml.allow(key), nil })
+	})
+	b.Run("mode=hybrid/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiter(b, srv, hybrid.Hybrid)
+		benchWarm(b, l, thousand)
+		ctx := context.Background()
+		benchParallel(b, thousand, func(key string) (bool, error) {
+			d, err := l.Allow(ctx, benchLimit, key)
+			return d.Allowed, err
+		})
+		b.StopTimer()
+		benchCheck(b, l)
+	})
+}

@@ -1,0 +1,275 @@
+package hybrid_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// leaseHolders returns which of keys have a lease field of instance in
+// their lease hash under limit, in one pipeline.
+func leaseHolders(t *testing.T, rdb *redis.Client, limit, instance string, keys []string) []bool {
+	t.Helper()
+	store := global.New(rdb, "hybridlimit")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.BoolCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.HExists(ctx, store.LeaseKey(limit, k), "i:"+instance)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatalf("HEXISTS: %v", err)
+	}
+	held := make([]bool, len(keys))
+	for i, c := range cmds {
+		held[i] = c.Val()
+	}
+	return held
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// counterSum is the sum of every series of the counter name in reg.
+func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func mustStatus(t *testing.T, l *hybrid.Limiter, limit string) hybrid.Status {
+	t.Helper()
+	st, err := l.Status(limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestCloseLeavesNothing is invariant 6 at Close: no goroutine, lease or
+// key outlives it, and the Limiter refuses decisions afterwards.
+func TestCloseLeavesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	// What runs now (the test runner, redis-server's process watchers) is
+	// not the Limiter's.
+	notOurs := goleak.IgnoreCurrent()
+
+	const instance, limit = "instance-a", "api"
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() }) // in case the test stops early
+	l, err := hybrid.New(hybrid.Config{
+		Redis:   rdb,
+		Members: membership.NewStatic(instance, 1),
+		Limits:  []hybrid.Limit{{Name: limit, Rate: 1000, Burst: 100, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) }) // in case the test stops early
+
+	ks := keys(50)
+	ctx := context.Background()
+	eventually(t, 5*time.Second, "a lease in Redis for each of 50 keys", func() bool {
+		for _, k := range ks {
+			if _, err := l.Allow(ctx, limit, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return countTrue(leaseHolders(t, rdb, limit, instance, ks)) == len(ks)
+	})
+	if st := mustStatus(t, l, limit); st.Keys != len(ks) || st.LeasedRate <= 0 {
+		t.Fatalf("before Close: Keys %d, LeasedRate %v; want %d keys and a positive leased rate", st.Keys, st.LeasedRate, len(ks))
+	}
+
+	if err := l.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if n := countTrue(leaseHolders(t, rdb, limit, instance, ks)); n != 0 {
+		t.Errorf("after Close, %d of %d lease hashes still have a field for %s", n, len(ks), instance)
+	}
+	if st := mustStatus(t, l, limit); st.Keys != 0 || st.LeasedRate != 0 {
+		t.Errorf("after Close: Keys %d, LeasedRate %v; want 0 and 0", st.Keys, st.LeasedRate)
+	}
+	if _, err := l.AllowN(ctx, limit, ks[0], 1); !errors.Is(err, hybrid.ErrClosed) {
+		t.Errorf("AllowN after Close: err %v, want one wrapping ErrClosed", err)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Errorf("second Close: %v, want the first call's nil", err)
+	}
+
+	// The client is the caller's: close it, then nothing may be left.
+	if err := rdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	goleak.VerifyNone(t, notOurs)
+}
+
+// TestIdleKeysAreEvictedAndReleased is invariant 6 for idle keys: a key
+// without decisions for IdleAfter is forgotten and its lease released (not
+// left to expire), while a busy key stays.
+func TestIdleKeysAreEvictedAndReleased(t *testing.T) {
+	const (
+		instance, limit = "instance-a", "api"
+		idle            = 300 * time.Millisecond
+		// The first lease of a key lives ContendedTTL: long, so that a
+		// lease gone from Redis well before it was released, not expired.
+		firstTTL = 3 * time.Second
+	)
+	srv := redistest.Start(t)
+	rdb := fastClient(t, srv)
+	reg := prometheus.NewRegistry()
+	l := newLimiter(t, hybrid.Config{
+		Redis:        rdb,
+		Members:      membership.NewStatic(instance, 1),
+		Limits:       []hybrid.Limit{{Name: limit, Rate: 1000, Burst: 100, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}},
+		IdleAfter:    idle,
+		ContendedTTL: firstTTL,
+		RedisTimeout: 200 * time.Millisecond,
+		Registerer:   reg,
+	})
+	ctx := context.Background()
+	allow := func(key string) {
+		t.Helper()
+		if _, err := l.Allow(ctx, limit, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const busy = "busy"
+	ks := keys(100)
+
+	used := time.Now()
+	for _, k := range ks {
+		allow(k)
+	}
+	allow(busy)
+	if st := mustStatus(t, l, limit); st.Keys != len(ks)+1 {
+		t.Fatalf("after one decision on each of %d keys and %q: Keys %d, want %d", len(ks), busy, st.Keys, len(ks)+1)
+	}
+	// Each key asks for its lease on the next tick; a key still without one
+	// is used again so that it is not evicted before it has one.
+	eventually(t, 5*time.Second, "a lease in Redis for each key", func() bool {
+		allow(busy)
+		held := leaseHolders(t, rdb, limit, instance, ks)
+		for i, h := range held {
+			if !h {
+				allow(ks[i])
+			}
+		}
+		return countTrue(held) == len(ks) && leaseHolders(t, rdb, limit, instance, []string{busy})[0]
+	})
+
+	eventually(t, 5*time.Second, "idle keys forgotten and their leases gone from Redis", func() bool {
+		allow(busy)
+		st := mustStatus(t, l, limit)
+		if st.Keys < 1 {
+			t.Fatalf("Keys %d while %q is busy", st.Keys, busy)
+		}
+		return st.Keys == 1 && countTrue(leaseHolders(t, rdb, limit, instance, ks)) == 0
+	})
+	if since := time.Since(used); since >= firstTTL {
+		t.Errorf("idle leases left Redis %v after first use, not before their TTL %v: expired rather than released", since, firstTTL)
+	}
+	if got := counterSum(t, reg, "hybridlimit_leases_released_total"); got < float64(len(ks)) {
+		t.Errorf("leases released %v, want at least %d", got, len(ks))
+	}
+	if !leaseHolders(t, rdb, limit, instance, []string{busy})[0] {
+		t.Errorf("the busy key %q lost its lease", busy)
+	}
+}
+
+// hammerKey decides on key under limit from a goroutine, a few thousand times
+// a second, until the returned stop is called (also in t.Cleanup).
+func hammerKey(t *testing.T, l *hybrid.Limiter, limit, key string) (stop func()) {
+	t.Helper()
+	var quit atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ctx := context.Background()
+		for !quit.Load() {
+			for range 4 {
+				if _, err := l.Allow(ctx, limit, key); err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+			}
+			// Paces the arrivals; it waits for nothing.
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			quit.Store(true)
+			wg.Wait()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestReleasedShareGoesToOthers: when an instance closes, the share it
+// released on a contended key goes to the other instance at its next
+// renewal, not when the lease would have expired.
+func TestReleasedShareGoesToOthers(t *testing.T) {
+	const limit, key = "api", "hot"
+	srv := redistest.Start(t)
+	inst := cluster(t, srv, 2, nil, hybrid.Limit{Name: limit, Rate: 1000, Burst: 100, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
+	stop0 := hammerKey(t, inst[0], limit, key)
+	hammerKey(t, inst[1], limit, key)
+
+	var leased [2]float64
+	eventually(t, 5*time.Second, "each instance holding about half of the rate", func() bool {
+		for i, l := range inst {
+			leased[i] = mustStatus(t, l, limit).LeasedRate
+		}
+		return leased[0] >= 300 && leased[0] <= 700 && leased[1] >= 300 && leased[1] <= 700
+	})
+	t.Logf("leased before Close: %v", leased)
+
+	stop0()
+	closed := time.Now()
+	if err := inst[0].Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if leaseHolders(t, srv.Client(t), limit, "instance-0", []string{key})[0] {
+		t.Errorf("instance-0 still holds a lease on %q after Close", key)
+	}
+	eventually(t, 2*time.Second, "the remaining instance leasing more than 900/s", func() bool {
+		leased[1] = mustStatus(t, inst[1], limit).LeasedRate
+		return leased[1] > 900
+	})
+	t.Logf("instance-1 leases %v/s %v after Close", leased[1], time.Since(closed).Round(time.Millisecond))
+}

@@ -1,6 +1,6 @@
 module github.com/hybridlimit/hybridlimit
 
-go 1.26.8
+go 1.25.0
 
 require (
 	github.com/hashicorp/memberlist v0.5.4

@@ -24,15 +24,17 @@ func TestCommandsFollowTheRenewalSchedule(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 20 s; run without -short")
 	}
-	srv := redistest.Start(t)
 	const rate = 500.0
-	inst := cluster(t, srv, 1, nil, hybrid.Limit{Name: "api", Rate: rate, Burst: 50, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
 
 	// measure runs the load for 2 s, then counts commands over 3 s more,
 	// once the keys' leases have settled (an uncontended key renews every
 	// 2.5 s by default, so the window holds at least one renewal of each).
+	// Each measurement has a Redis and an instance of its own, so that no
+	// lease of an earlier one is counted.
 	measure := func(name string, ks []string, perKey float64) float64 {
 		t.Helper()
+		srv := redistest.Start(t)
+		inst := cluster(t, srv, 1, nil, hybrid.Limit{Name: "api", Rate: rate, Burst: 50, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
 		per := []float64{perKey * float64(len(ks))}
 		drive(t, inst, load{limit: "api", keys: ks, perInst: per, duration: 2 * time.Second})
 		c0 := scripts(t, srv)

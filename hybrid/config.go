@@ -180,7 +180,7 @@ type Config struct {
 	// their lifetime. Zero means 600ms.
 	ContendedTTL time.Duration
 	// UncontendedTTL is the lease lifetime of an uncontended key. Zero
-	// means 10s.
+	// means 5s.
 	UncontendedTTL time.Duration
 	// RedisTimeout bounds every call to Redis. Zero means a quarter of
 	// ContendedTTL. It must be below ContendedTTL.
@@ -207,7 +207,7 @@ func DefaultConfig(rdb global.Rediser, members membership.Counter, limits ...Lim
 		Prefix:         "hybridlimit",
 		Tick:           50 * time.Millisecond,
 		ContendedTTL:   600 * time.Millisecond,
-		UncontendedTTL: 10 * time.Second,
+		UncontendedTTL: 5 * time.Second,
 		RedisTimeout:   150 * time.Millisecond,
 		IdleAfter:      30 * time.Second,
 		PeakWindow:     time.Minute,

@@ -1,0 +1,69 @@
+package hybrid_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+)
+
+// TestMetricsNeverCarryAKey checks the metric names and labels DESIGN.md
+// promises: hybridlimit_ names, labels limit, outcome and source only.
+func TestMetricsNeverCarryAKey(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	l := newLimiter(t, hybrid.Config{Registerer: reg, Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
+	}})
+	ctx := context.Background()
+	for range 3 {
+		if _, err := l.Allow(ctx, "api", "secret-user-key"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]bool{"limit": true, "outcome": true, "source": true}
+	for _, f := range families {
+		if !strings.HasPrefix(f.GetName(), "hybridlimit_") {
+			t.Errorf("metric %s lacks the hybridlimit_ prefix", f.GetName())
+		}
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if !allowed[lp.GetName()] || strings.Contains(lp.GetValue(), "secret") {
+					t.Errorf("metric %s has label %s=%q", f.GetName(), lp.GetName(), lp.GetValue())
+				}
+			}
+		}
+	}
+	// Every (outcome, source) pair exists from the start, at zero.
+	want := `
+# HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed).
+# TYPE hybridlimit_decisions_total counter
+hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_closed"} 0
+hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_open"} 0
+hybridlimit_decisions_total{limit="api",outcome="allowed",source="global"} 0
+hybridlimit_decisions_total{limit="api",outcome="allowed",source="lease"} 0
+hybridlimit_decisions_total{limit="api",outcome="allowed",source="local"} 2
+hybridlimit_decisions_total{limit="api",outcome="denied",source="fail_closed"} 0
+hybridlimit_decisions_total{limit="api",outcome="denied",source="fail_open"} 0
+hybridlimit_decisions_total{limit="api",outcome="denied",source="global"} 0
+hybridlimit_decisions_total{limit="api",outcome="denied",source="lease"} 0
+hybridlimit_decisions_total{limit="api",outcome="denied",source="local"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "hybridlimit_decisions_total"); err != nil {
+		t.Error(err)
+	}
+	// A second Limiter on the same registry is a configuration error, not
+	// a panic.
+	if _, err := hybrid.New(hybrid.Config{Registerer: reg, Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
+	}}); err == nil {
+		t.Error("a second Limiter registered the same metrics")
+	}
+}

@@ -55,7 +55,8 @@ type limitState struct {
 	loc      *local.Limiter // Local and Hybrid decisions; FailLocal for Global
 	degraded atomic.Bool    // Redis unreachable: cold keys and Global decisions follow OnOutage
 	m        *limitMetrics
-	count    bool // count decisions: metrics are registered somewhere
+	count    bool          // count decisions: metrics are registered somewhere
+	commands atomic.Uint64 // Redis commands sent for this limit
 
 	// Owned by the lease loop goroutine.
 	leases map[string]*lease
@@ -182,6 +183,12 @@ func fromLocal(r local.Result, s Source) Decision {
 	return Decision{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Source: s}
 }
 
+// sent counts n Redis commands sent for ls.
+func (ls *limitState) sent(n int) {
+	ls.commands.Add(uint64(n))
+	ls.m.redisCommands.Add(float64(n))
+}
+
 // policy is the decision of ls's FailOpen or FailClosed policy.
 func (l *Limiter) policy(ls *limitState) Decision {
 	if ls.OnOutage == FailOpen {
@@ -197,7 +204,7 @@ func (l *Limiter) global(ctx context.Context, ls *limitState, key string, n int)
 		cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 		t, err := l.store.TakeN(cctx, ls.Name, key, ls.Rate, ls.Burst, n)
 		cancel()
-		ls.m.redisCommands.Inc()
+		ls.sent(1)
 		if err == nil {
 			return Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}, nil
 		}
@@ -272,6 +279,10 @@ type Status struct {
 	Keys int
 	// LeasedRate is the sum of the rates leased by this instance (Hybrid).
 	LeasedRate float64
+	// RedisCommands is the number of Redis commands this instance has sent
+	// for the limit since New (for Hybrid limits, one per lease request of a
+	// pipeline; for Global limits, one per decision).
+	RedisCommands uint64
 }
 
 // Status returns a snapshot of the named limit.
@@ -286,6 +297,8 @@ func (l *Limiter) Status(limit string) (Status, error) {
 		Instances:  l.members.Count(),
 		LocalShare: ls.loc.Default(),
 		Keys:       ls.loc.Len(),
+
+		RedisCommands: ls.commands.Load(),
 	}
 	if ls.Mode == Hybrid {
 		for _, k := range ls.loc.AppendStats(nil) {

@@ -241,7 +241,7 @@ func (l *Limiter) renew(now time.Time, b *batch) {
 	cancel()
 	l.m.renewal.Observe(time.Since(now).Seconds())
 	for _, r := range b.refs {
-		r.ls.m.redisCommands.Inc()
+		r.ls.sent(1)
 	}
 	if err != nil {
 		for _, r := range b.refs {
@@ -318,7 +318,7 @@ func (l *Limiter) probe() {
 	_, err := pipe.Exec(ctx)
 	for _, ls := range l.order {
 		if ls.Mode == Global && ls.degraded.Load() {
-			ls.m.redisCommands.Inc()
+			ls.sent(1)
 			if err != nil {
 				ls.m.redisErrors.Inc()
 			} else {

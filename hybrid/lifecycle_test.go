@@ -273,3 +273,35 @@ func TestReleasedShareGoesToOthers(t *testing.T) {
 	})
 	t.Logf("instance-1 leases %v/s %v after Close", leased[1], time.Since(closed).Round(time.Millisecond))
 }
+
+// TestUnusedLeaseIsReleasedPromptly: a key that sees no decision between two
+// renewals gives its share back at the second one, long before it is
+// evicted, and asks again when it is used.
+func TestUnusedLeaseIsReleasedPromptly(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	// The first lease lasts 3 s and renews after 1.5 s: a field gone within
+	// 2.5 s was released, not expired.
+	inst := cluster(t, srv, 1, func(c *hybrid.Config) { c.ContendedTTL, c.UncontendedTTL = 3*time.Second, 10*time.Second },
+		hybrid.Limit{Name: "api", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
+	l := inst[0]
+	ctx := context.Background()
+	if _, err := l.Allow(ctx, "api", "once"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "a lease for the key", func() bool {
+		return countTrue(leaseHolders(t, rdb, "api", "instance-0", []string{"once"})) == 1
+	})
+	eventually(t, 2500*time.Millisecond, "the unused lease released before it expires", func() bool {
+		return countTrue(leaseHolders(t, rdb, "api", "instance-0", []string{"once"})) == 0
+	})
+	if st := mustStatus(t, l, "api"); st.Keys != 1 || st.LeasedRate != 0 {
+		t.Errorf("after the release: %d keys in memory, leased %v; want the key kept, unleased", st.Keys, st.LeasedRate)
+	}
+	if _, err := l.Allow(ctx, "api", "once"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "a new lease once the key is used again", func() bool {
+		return countTrue(leaseHolders(t, rdb, "api", "instance-0", []string{"once"})) == 1
+	})
+}

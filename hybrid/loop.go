@@ -207,11 +207,25 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 			continue
 		}
 		demand := float64(st.Attempted-le.attemptedAt) / elapsed.Seconds()
-		due := !le.requested || !now.Before(le.renewAt)
+		// A key without a lease asks as soon as it sees decisions; a leased
+		// one renews on schedule.
+		due := st.Attempted > le.attemptedAt
+		if le.requested {
+			due = !now.Before(le.renewAt)
+		}
 		if !due && !le.contended && elapsed >= earlyEvery*l.cfg.Tick && demand > le.granted*earlyGrowth {
 			due = true // demand outgrew an uncontended grant: ask now
 		}
 		if !due {
+			continue
+		}
+		if le.requested && st.Attempted == le.attemptedAt {
+			// No decision since the last request: give the share back now
+			// instead of renewing it until the key is evicted. The key runs
+			// at its default share again, and asks anew when it is used.
+			b.add(ls, nil, l.request(ls, st.Key, 0, n, l.cfg.ContendedTTL))
+			le.requested, le.held, le.granted = false, false, 0
+			ls.loc.Unassign(now, st.Key)
 			continue
 		}
 		want := max(le.demand(now, st, ls.Rate/float64(n))*headroom, ls.Rate*minWantFraction)

@@ -278,32 +278,27 @@ func (l *Limiter) Assign(t time.Time, key string, s Share, until time.Time) bool
 	if s.Limit < 0 {
 		s.Limit = 0
 	}
-	sh := l.shard(key)
-	sh.mu.RLock()
-	e := sh.m[key]
-	sh.mu.RUnlock()
-	if e == nil {
-		return false
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.evicted {
-		return false
-	}
-	t = e.advance(t)
-	if !t.Before(until) {
-		e.fallBack(t, l.Default())
-		return true
-	}
-	e.assigned = true
-	e.until = until
-	e.setShare(t, s)
-	return true
+	return l.with(key, func(e *entry) {
+		t = e.advance(t)
+		if !t.Before(until) {
+			e.fallBack(t, l.Default())
+			return
+		}
+		e.assigned = true
+		e.until = until
+		e.setShare(t, s)
+	})
 }
 
 // Unassign moves key back to the default share at t. It reports false if the
 // key does not exist.
 func (l *Limiter) Unassign(t time.Time, key string) bool {
+	return l.with(key, func(e *entry) { e.fallBack(e.advance(t), l.Default()) })
+}
+
+// with runs f on key's entry with the entry locked, and reports false if the
+// key does not exist.
+func (l *Limiter) with(key string, f func(*entry)) bool {
 	sh := l.shard(key)
 	sh.mu.RLock()
 	e := sh.m[key]
@@ -316,7 +311,7 @@ func (l *Limiter) Unassign(t time.Time, key string) bool {
 	if e.evicted {
 		return false
 	}
-	e.fallBack(e.advance(t), l.Default())
+	f(e)
 	return true
 }
 

@@ -8,6 +8,7 @@ import (
 	"log"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"time"
 
@@ -197,4 +198,32 @@ func Example_production() {
 	if err := l.Close(ctx); err != nil {
 		slog.Error("closing the limiter", "error", err)
 	}
+}
+
+func ExampleMiddleware() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	byClient := func(r *http.Request) string { return r.Header.Get("X-Api-Key") }
+	h := hybrid.Middleware(l, "api", byClient)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	}))
+
+	for range 3 {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-Api-Key", "alice")
+		h.ServeHTTP(rec, req)
+		fmt.Printf("%d RateLimit-Policy: %s RateLimit: %s Retry-After: %q\n", rec.Code,
+			rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"), rec.Header().Get("Retry-After"))
+	}
+	// Output:
+	// 200 RateLimit-Policy: "api";q=2;w=2 RateLimit: "api";r=1;t=1 Retry-After: ""
+	// 200 RateLimit-Policy: "api";q=2;w=2 RateLimit: "api";r=0;t=2 Retry-After: ""
+	// 429 RateLimit-Policy: "api";q=2;w=2 RateLimit: "api";r=0;t=1 Retry-After: "1"
 }

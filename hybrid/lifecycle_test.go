@@ -274,15 +274,16 @@ func TestReleasedShareGoesToOthers(t *testing.T) {
 	t.Logf("instance-1 leases %v/s %v after Close", leased[1], time.Since(closed).Round(time.Millisecond))
 }
 
-// TestUnusedLeaseIsReleasedPromptly: a key that sees no decision between two
-// renewals gives its share back at the second one, long before it is
-// evicted, and asks again when it is used.
+// TestUnusedLeaseIsReleasedPromptly: a key idle for half an uncontended
+// lease gives its share back at its next renewal, long before it is evicted,
+// and asks again when it is used.
 func TestUnusedLeaseIsReleasedPromptly(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	// The first lease lasts 3 s and renews after 1.5 s: a field gone within
-	// 2.5 s was released, not expired.
-	inst := cluster(t, srv, 1, func(c *hybrid.Config) { c.ContendedTTL, c.UncontendedTTL = 3*time.Second, 10*time.Second },
+	// The first lease lasts 3 s and renews after 1.5 s, when the key has
+	// been idle for UncontendedTTL/2: a field gone within 2.5 s was
+	// released, not expired.
+	inst := cluster(t, srv, 1, func(c *hybrid.Config) { c.ContendedTTL, c.UncontendedTTL = 3*time.Second, 3*time.Second },
 		hybrid.Limit{Name: "api", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
 	l := inst[0]
 	ctx := context.Background()

@@ -219,10 +219,13 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		if !due {
 			continue
 		}
-		if le.requested && st.Attempted == le.attemptedAt {
-			// No decision since the last request: give the share back now
-			// instead of renewing it until the key is evicted. The key runs
-			// at its default share again, and asks anew when it is used.
+		if le.requested && now.Sub(st.LastSeen) >= l.cfg.UncontendedTTL/2 {
+			// Idle for as long as an uncontended lease lasts between
+			// renewals: give the share back instead of renewing it until
+			// the key is evicted. The key runs at its default share again,
+			// and asks anew when it is used. (Releasing sooner would make
+			// keys with a request or two per renewal flap between a lease
+			// and their default share.)
 			b.add(ls, nil, l.request(ls, st.Key, 0, n, l.cfg.ContendedTTL))
 			le.requested, le.held, le.granted = false, false, 0
 			ls.loc.Unassign(now, st.Key)

@@ -95,9 +95,11 @@ type Lease struct {
 // so the sum of the live grants of a key never exceeds its rate.
 //
 // Invalid requests get an Err wrapping ErrInvalid in out and are not sent.
-// The returned error is non-nil only when the batch as a whole failed (the
-// connection, the context, out shorter than reqs); the elements of out are
-// then unspecified.
+// The returned error is non-nil only when the batch as a whole failed (no
+// request got an answer: the connection, the context; or out is shorter
+// than reqs); the elements of out are then unspecified. On a Cluster with
+// one node down, only the requests for that node's slots fail, each with
+// the node's error in out[i].Err.
 func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) error {
 	if len(out) < len(reqs) {
 		return fmt.Errorf("global: lease: %w: %d results for %d requests", ErrInvalid, len(out), len(reqs))
@@ -221,17 +223,30 @@ func execPipeline(ctx context.Context, pipe redis.Pipeliner) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return ctxErr
 	}
-	// Exec returns the first command's error; a failed dial is reported
-	// only there, not in the commands.
-	if !isRedisError(err) {
-		return err
-	}
+	// Exec returns the first failed command's error. On a Cluster a node
+	// that is down fails only the commands sent to it, and those carry the
+	// error; a failed dial on a single node is reported by Exec alone, with
+	// the commands left empty. The batch as a whole failed only when no
+	// command got an answer (a reply error is an answer).
+	answered := 0
 	for _, cmd := range cmds {
-		if e := cmd.Err(); e != nil && !isRedisError(e) {
-			return e
+		switch e := cmd.Err(); {
+		case e == nil && cmdEmpty(cmd):
+			cmd.SetErr(err)
+		case e == nil || isRedisError(e):
+			answered++
 		}
 	}
+	if answered == 0 {
+		return err
+	}
 	return nil
+}
+
+// cmdEmpty reports whether cmd got neither a value nor an error.
+func cmdEmpty(cmd redis.Cmder) bool {
+	c, ok := cmd.(*redis.Cmd)
+	return ok && c.Val() == nil
 }
 
 // parseLease reads the reply of lease.lua.

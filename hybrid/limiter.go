@@ -57,6 +57,7 @@ type limitState struct {
 	m        *limitMetrics
 	count    bool          // count decisions: metrics are registered somewhere
 	commands atomic.Uint64 // Redis commands sent for this limit
+	failing  atomic.Int64  // keys whose last lease request failed
 
 	// Owned by the lease loop goroutine.
 	leases map[string]*lease
@@ -155,7 +156,10 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 		switch {
 		case r.Assigned:
 			d = fromLocal(r, SourceLease)
-		case !ls.degraded.Load() || ls.OnOutage == FailLocal:
+		case (!ls.degraded.Load() && !r.Flagged) || ls.OnOutage == FailLocal:
+			// A key before its first lease, or FailLocal. (Flagged: this
+			// key's last lease request failed, for example its Cluster
+			// node is down, while the rest of the limit is fine.)
 			d = fromLocal(r, SourceLocal)
 		default:
 			d = l.policy(ls)
@@ -279,6 +283,11 @@ type Status struct {
 	Keys int
 	// LeasedRate is the sum of the rates leased by this instance (Hybrid).
 	LeasedRate float64
+	// FailingKeys is the number of keys whose last lease request failed on
+	// its own (for example because the Redis Cluster node that holds it is
+	// down) while the limit as a whole is not degraded: once their leases
+	// run out they follow OnOutage.
+	FailingKeys int
 	// RedisCommands is the number of Redis commands this instance has sent
 	// for the limit since New (for Hybrid limits, one per lease request of a
 	// pipeline; for Global limits, one per decision).
@@ -299,6 +308,7 @@ func (l *Limiter) Status(limit string) (Status, error) {
 		Keys:       ls.loc.Len(),
 
 		RedisCommands: ls.commands.Load(),
+		FailingKeys:   int(ls.failing.Load()),
 	}
 	if ls.Mode == Hybrid {
 		for _, k := range ls.loc.AppendStats(nil) {

@@ -41,6 +41,7 @@ type lease struct {
 	sentAt      time.Time             // when the last request went out
 	attemptedAt int64                 // the key's Attempted counter at sentAt
 	renewAt     time.Time             // when the next renewal is due
+	failed      bool                  // the last request for this key failed on its own
 	samples     [demandSamples]sample // ring of (time, Attempted) at past requests
 	next        int                   // next slot of samples to write
 }
@@ -141,6 +142,9 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 		for _, k := range b.evicted {
 			if le := ls.leases[k]; le != nil {
 				delete(ls.leases, k)
+				if le.failed {
+					ls.failing.Add(-1)
+				}
 				if le.requested {
 					b.add(ls, nil, l.request(ls, k, 0, n, l.cfg.ContendedTTL))
 				}
@@ -288,11 +292,31 @@ func (l *Limiter) renew(now time.Time, b *batch) {
 		res := &b.out[i]
 		if res.Err != nil {
 			r.ls.m.redisErrors.Inc()
-			r.le.renewAt = now.Add(l.cfg.ContendedTTL / 2)
-			l.log.Debug("hybridlimit: lease request failed", "limit", r.ls.Name, "error", res.Err)
+			r.le.renewAt = now.Add(l.cfg.Tick) // try again next tick
+			l.setKeyFailed(r.ls, b.reqs[i].Key, r.le, true, res.Err)
 			continue
 		}
+		l.setKeyFailed(r.ls, b.reqs[i].Key, r.le, false, nil)
 		l.apply(applied, now, r.ls, b.reqs[i], r.le, res)
+	}
+}
+
+// setKeyFailed records whether the last lease request of one key failed on
+// its own, flags the key so that decisions follow OnOutage once its lease
+// runs out, and logs when a limit's first key starts or its last key stops
+// failing.
+func (l *Limiter) setKeyFailed(ls *limitState, key string, le *lease, failed bool, cause error) {
+	if le.failed == failed {
+		return
+	}
+	le.failed = failed
+	ls.loc.SetFlag(key, failed)
+	switch {
+	case failed && ls.failing.Add(1) == 1:
+		l.log.Warn("hybridlimit: lease requests failing for some keys; they follow the outage policy once their leases run out",
+			"limit", ls.Name, "policy", ls.OnOutage.String(), "error", cause)
+	case !failed && ls.failing.Add(-1) == 0:
+		l.log.Info("hybridlimit: lease requests succeed again for every key", "limit", ls.Name)
 	}
 }
 
@@ -358,6 +382,7 @@ func (l *Limiter) releaseAll(ctx context.Context) error {
 			}
 		}
 		clear(ls.leases)
+		ls.failing.Store(0)
 		ls.loc.EvictIdle(far, 0, nil)
 		ls.m.leasedRate.Set(0)
 	}

@@ -67,6 +67,8 @@ type Result struct {
 	// Assigned reports whether the decision ran at an assigned share (true)
 	// or at the default share (false).
 	Assigned bool
+	// Flagged reports the key's flag, see SetFlag.
+	Flagged bool
 }
 
 // KeyStats is a snapshot of one key, as returned by AppendStats.
@@ -117,6 +119,7 @@ type entry struct {
 	attempted int64
 	assigned  bool
 	until     time.Time
+	flagged   bool // the caller's mark, see SetFlag
 	evicted   bool
 }
 
@@ -197,7 +200,7 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) Result {
 		if e.assigned && !t.Before(e.until) {
 			e.fallBack(t, l.Default())
 		}
-		r := Result{Assigned: e.assigned}
+		r := Result{Assigned: e.assigned, Flagged: e.flagged}
 		r.Allowed = e.lim.AllowN(t, n)
 		tokens := e.lim.TokensAt(t)
 		if tokens > 0 {
@@ -294,6 +297,14 @@ func (l *Limiter) Assign(t time.Time, key string, s Share, until time.Time) bool
 // key does not exist.
 func (l *Limiter) Unassign(t time.Time, key string) bool {
 	return l.with(key, func(e *entry) { e.fallBack(e.advance(t), l.Default()) })
+}
+
+// SetFlag sets or clears a mark on key that later decisions report in
+// Result.Flagged; the caller gives it a meaning (package hybrid marks keys
+// whose last lease request failed). It reports false if the key does not
+// exist.
+func (l *Limiter) SetFlag(key string, on bool) bool {
+	return l.with(key, func(e *entry) { e.flagged = on })
 }
 
 // with runs f on key's entry with the entry locked, and reports false if the

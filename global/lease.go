@@ -220,27 +220,40 @@ func execPipeline(ctx context.Context, pipe redis.Pipeliner) error {
 	if err == nil {
 		return nil
 	}
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return ctxErr
-	}
 	// Exec returns the first failed command's error. On a Cluster a node
-	// that is down fails only the commands sent to it, and those carry the
-	// error; a failed dial on a single node is reported by Exec alone, with
-	// the commands left empty. The batch as a whole failed only when no
-	// command got an answer (a reply error is an answer).
+	// that is down fails only the commands sent to it; but go-redis retries
+	// them after a backoff, and when our deadline ends that wait it sets the
+	// context's error on every command without one, answered or not. A
+	// failed dial on a single node is reported by Exec alone, with the
+	// commands left empty. So: a command with a value was answered (its
+	// context error is dropped), a reply error is an answer too, and the
+	// batch as a whole failed only when nothing was answered.
 	answered := 0
 	for _, cmd := range cmds {
-		switch e := cmd.Err(); {
-		case e == nil && cmdEmpty(cmd):
+		e := cmd.Err()
+		switch {
+		case !cmdEmpty(cmd):
+			if isContextError(e) {
+				cmd.SetErr(nil)
+			}
+			answered++
+		case e == nil:
 			cmd.SetErr(err)
-		case e == nil || isRedisError(e):
+		case isRedisError(e):
 			answered++
 		}
 	}
-	if answered == 0 {
-		return err
+	if answered > 0 {
+		return nil
 	}
-	return nil
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return err
+}
+
+func isContextError(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // cmdEmpty reports whether cmd got neither a value nor an error.

@@ -110,6 +110,11 @@ func isNoScript(err error) bool {
 	return redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
+// IsReplyError reports whether err is Redis's answer about one command (for
+// example WRONGTYPE at a key, or NOPERM for a user that may not run scripts)
+// as opposed to a failure to reach Redis (connection, timeout, context).
+func IsReplyError(err error) bool { return isRedisError(err) }
+
 // isRedisError reports whether err is an error reply from Redis about one
 // command, as opposed to a failure of the connection or the context.
 func isRedisError(err error) bool {

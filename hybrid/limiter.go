@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,7 @@ type Limiter struct {
 	closeErr  error
 	quit      chan struct{} // closed by Close to stop the loop
 	done      chan struct{} // closed by the loop when it returns
+	answered  time.Time     // owned by the loop: when Redis last answered a request
 	stopWatch func()
 
 	peakMu  sync.Mutex
@@ -66,11 +68,17 @@ type limitState struct {
 
 // New returns a Limiter for cfg and starts its lease loop. It returns an
 // error wrapping ErrConfig, naming the limit and what to fix, if cfg is
-// invalid. New does not contact Redis: the first leases are requested on the
-// first tick, and decisions made before then use the default share.
+// invalid. The first leases are requested on the first tick, and decisions
+// made before then use the default share. When a Redis client is configured
+// New pings it once, within RedisTimeout, so that refused credentials are an
+// error here; an unreachable Redis is not (its limits start as in an
+// outage).
 func New(cfg Config) (*Limiter, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkCredentials(cfg); err != nil {
 		return nil, err
 	}
 	m, err := newMetrics(cfg.Registerer)
@@ -90,6 +98,7 @@ func New(cfg Config) (*Limiter, error) {
 		l.store = global.New(cfg.Redis, cfg.Prefix)
 	}
 	now := time.Now()
+	l.answered = now
 	n := l.members.Count()
 	l.samples = []peerSample{{now, n}}
 	m.peers.Set(float64(n))
@@ -106,6 +115,31 @@ func New(cfg Config) (*Limiter, error) {
 	l.stopWatch = l.members.Watch(l.onPeers)
 	go l.loop()
 	return l, nil
+}
+
+// checkCredentials pings Redis once, within RedisTimeout, so that a wrong
+// password or a user without the rights to run scripts is a clear error at
+// New. An unreachable Redis is not an error: the limits start as they would
+// during an outage and recover when it answers.
+func checkCredentials(cfg Config) error {
+	if cfg.Redis == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.RedisTimeout)
+	defer cancel()
+	pipe := cfg.Redis.Pipeline()
+	pipe.Ping(ctx)
+	_, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	for _, refusal := range []string{"WRONGPASS", "NOAUTH", "NOPERM"} {
+		if strings.Contains(err.Error(), refusal) {
+			return fmt.Errorf("%w: Redis refused this client: %v: check the Username and Password of the Redis client, and that its ACL user may run PING, EVAL and EVALSHA", ErrConfig, err)
+		}
+	}
+	cfg.Logger.Warn("hybridlimit: Redis not reachable at start; limits follow their outage policy until it is", "error", err)
+	return nil
 }
 
 // Allow is shorthand for AllowN(ctx, limit, key, 1).
@@ -216,7 +250,12 @@ func (l *Limiter) global(ctx context.Context, ls *limitState, key string, n int)
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
 		ls.m.redisErrors.Inc()
-		l.setDegraded(ls, true, err)
+		if !global.IsReplyError(err) {
+			l.setDegraded(ls, true, redact(err, key))
+		}
+		// A reply error (WRONGTYPE at this key, NOPERM) is about this
+		// decision only: Redis is up, so only this decision follows the
+		// policy.
 	}
 	if ls.OnOutage == FailLocal {
 		return fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal), nil
@@ -396,6 +435,15 @@ func (l *Limiter) localShare(ls *limitState, now time.Time) local.Share {
 		n = max(n, l.peak(now))
 	}
 	return local.Split(rate.Limit(ls.Rate), ls.Burst, n)
+}
+
+// redact returns err with every mention of key replaced, for logs: keys
+// identify users, and no log line may carry one.
+func redact(err error, key string) error {
+	if err == nil || key == "" || !strings.Contains(err.Error(), key) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), key, "<key>"))
 }
 
 // setDegraded switches ls between normal and degraded, logging once per

@@ -265,19 +265,28 @@ func (l *Limiter) renew(now time.Time, b *batch) {
 		r.ls.sent(1)
 	}
 	if err != nil {
-		for _, r := range b.refs {
+		// Nothing in the batch got an answer. Each key of it follows its
+		// policy once its lease runs out; the limits as a whole degrade when
+		// nothing has answered for a lease's lifetime, so that a batch that
+		// happened to hold only keys of one dead Cluster node does not
+		// degrade the keys of the live ones.
+		for i, r := range b.refs {
 			r.ls.m.redisErrors.Inc()
 			if r.le != nil {
 				r.le.renewAt = now.Add(l.cfg.Tick) // try again next tick
+				l.setKeyFailed(r.ls, b.reqs[i].Key, r.le, true, err)
 			}
 		}
-		for _, ls := range l.order {
-			if ls.Mode != Local {
-				l.setDegraded(ls, true, err)
+		if now.Sub(l.answered) >= l.cfg.ContendedTTL {
+			for _, ls := range l.order {
+				if ls.Mode != Local {
+					l.setDegraded(ls, true, err)
+				}
 			}
 		}
 		return
 	}
+	l.answered = now
 	for _, ls := range l.order {
 		if ls.Mode != Local {
 			l.setDegraded(ls, false, nil)
@@ -293,7 +302,7 @@ func (l *Limiter) renew(now time.Time, b *batch) {
 		if res.Err != nil {
 			r.ls.m.redisErrors.Inc()
 			r.le.renewAt = now.Add(l.cfg.Tick) // try again next tick
-			l.setKeyFailed(r.ls, b.reqs[i].Key, r.le, true, res.Err)
+			l.setKeyFailed(r.ls, b.reqs[i].Key, r.le, true, redact(res.Err, b.reqs[i].Key))
 			continue
 		}
 		l.setKeyFailed(r.ls, b.reqs[i].Key, r.le, false, nil)
@@ -357,6 +366,9 @@ func (l *Limiter) probe() {
 	pipe := l.cfg.Redis.Pipeline()
 	pipe.Ping(ctx)
 	_, err := pipe.Exec(ctx)
+	if err == nil {
+		l.answered = time.Now()
+	}
 	for _, ls := range l.order {
 		if ls.Mode == Global && ls.degraded.Load() {
 			ls.sent(1)

@@ -251,7 +251,9 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 	// N = 4 was the live count until the moment it dropped, so it was seen
 	// within PeakWindow however long it had held before.
 	t.Run("count held longer than PeakWindow still counts", func(t *testing.T) {
-		const window = 300 * time.Millisecond
+		// Long enough to cover the time a limit takes to degrade (a lease
+		// lifetime without answers).
+		const window = 1200 * time.Millisecond
 		in := start(t, window)
 		// The passage of time is what is under test here: let N = 4 have
 		// held for longer than PeakWindow when it drops.
@@ -272,7 +274,7 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 	// Once PeakWindow has passed since N dropped, the largest recent N is
 	// the current one: the share should grow back to rate/1.
 	t.Run("share follows N once PeakWindow has passed", func(t *testing.T) {
-		const window = 1500 * time.Millisecond
+		const window = 3 * time.Second
 		in := start(t, window)
 		in.setCount(t, 1)
 		dropped := time.Now()

@@ -1,0 +1,257 @@
+package hybrid_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// oddKeys are keys a caller may hand us: each must get a decision, never a
+// panic or an error, and a bucket of its own that behaves.
+var oddKeys = map[string]string{
+	"empty":         "",
+	"NUL":           "a\x00b",
+	"invalid UTF-8": "\xff\xfe\xfd",
+	"hash tag":      "}{x}{",
+	"1 MiB":         strings.Repeat("k", 1<<20),
+}
+
+func TestOddKeysGetTheirOwnBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, mode := range []hybrid.Mode{hybrid.Local, hybrid.Global, hybrid.Hybrid} {
+		t.Run(mode.String(), func(t *testing.T) {
+			l := newLimiter(t, hybrid.Config{Redis: srv.Client(t), Prefix: "odd-" + mode.String(), Limits: []hybrid.Limit{
+				{Name: "l", Rate: 0.001, Burst: 2, Mode: mode, OnOutage: hybrid.FailClosed},
+			}})
+			ctx := context.Background()
+			for name, key := range oddKeys {
+				for i, want := range []bool{true, true, false} {
+					d, err := l.Allow(ctx, "l", key)
+					if err != nil {
+						t.Fatalf("%s key, call %d: %v", name, i, err)
+					}
+					if d.Allowed != want || d.Remaining < 0 || d.Remaining > 2 {
+						t.Fatalf("%s key, call %d: %+v, want allowed=%v", name, i, d, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestBadCallsAreErrors(t *testing.T) {
+	l := newLimiter(t, hybrid.Config{Limits: []hybrid.Limit{{Name: "l", Rate: 1, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen}}})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		limit string
+		n     int
+		want  error
+	}{
+		{"empty limit name", "", 1, hybrid.ErrUnknownLimit},
+		{"unknown limit", "L", 1, hybrid.ErrUnknownLimit},
+		{"n = 0", "l", 0, hybrid.ErrInvalidN},
+		{"n < 0", "l", -5, hybrid.ErrInvalidN},
+		{"n > burst", "l", 3, hybrid.ErrExceedsBurst},
+	} {
+		d, err := l.AllowN(ctx, tc.limit, "k", tc.n)
+		if !errors.Is(err, tc.want) || d.Allowed {
+			t.Errorf("%s: %+v, %v; want a non-admission and %v", tc.name, d, err, tc.want)
+		}
+	}
+	// None of them touched the bucket.
+	if d, _ := l.AllowN(ctx, "l", "k", 2); !d.Allowed {
+		t.Errorf("bucket drained by rejected calls: %+v", d)
+	}
+}
+
+// TestRedisErrorsAreDecisions: a value of the wrong type at our key, and a
+// Redis user that may not run scripts, make decisions follow the policy (or
+// the default share), never errors or panics, and leave the limit's other
+// keys and Redis itself alone.
+func TestRedisErrorsAreDecisions(t *testing.T) {
+	t.Run("WRONGTYPE", func(t *testing.T) {
+		srv := redistest.Start(t)
+		rdb := srv.Client(t)
+		store := global.New(rdb, "hybridlimit")
+		ctx := context.Background()
+		for _, k := range []string{store.BucketKey("g", "bad"), store.LeaseKey("h", "bad")} {
+			if err := rdb.Set(ctx, k, "not ours", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l := newLimiter(t, hybrid.Config{Redis: rdb, Limits: []hybrid.Limit{
+			{Name: "g", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+			{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
+		}})
+		d, err := l.Allow(ctx, "g", "bad")
+		if err != nil || d.Allowed || d.Source != hybrid.SourceFailClosed {
+			t.Errorf("Global at a WRONGTYPE key: %+v, %v; want the FailClosed policy", d, err)
+		}
+		if d, err := l.Allow(ctx, "g", "good"); err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal {
+			t.Errorf("Global at a good key after a WRONGTYPE: %+v, %v", d, err)
+		}
+		eventually(t, 5*time.Second, "the Hybrid key at a WRONGTYPE value fails closed, the good one leases", func() bool {
+			bad, err1 := l.Allow(ctx, "h", "bad")
+			good, err2 := l.Allow(ctx, "h", "good")
+			return err1 == nil && err2 == nil && bad.Source == hybrid.SourceFailClosed && good.Source == hybrid.SourceLease
+		})
+		if st, _ := l.Status("h"); st.Degraded || st.FailingKeys != 1 {
+			t.Errorf("status %+v: want the limit normal with one failing key", st)
+		}
+		if v, err := rdb.Get(ctx, store.LeaseKey("h", "bad")).Result(); err != nil || v != "not ours" {
+			t.Errorf("the value at our key was changed: %q, %v", v, err)
+		}
+	})
+	t.Run("no scripting allowed", func(t *testing.T) {
+		srv := redistest.Start(t)
+		admin := srv.Client(t)
+		ctx := context.Background()
+		if err := admin.Do(ctx, "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "+@all", "-@scripting").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "noscripts", Password: "pw"})
+		t.Cleanup(func() { _ = rdb.Close() })
+		l := newLimiter(t, hybrid.Config{Redis: rdb, Limits: []hybrid.Limit{
+			{Name: "g", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailOpen},
+			{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen},
+		}})
+		if d, err := l.Allow(ctx, "g", "k"); err != nil || d.Source != hybrid.SourceFailOpen || !d.Allowed {
+			t.Errorf("Global without scripting: %+v, %v; want FailOpen", d, err)
+		}
+		eventually(t, 5*time.Second, "the Hybrid key fails open", func() bool {
+			d, err := l.Allow(ctx, "h", "k")
+			return err == nil && d.Source == hybrid.SourceFailOpen
+		})
+	})
+}
+
+func TestRedisCredentials(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "right")
+	limits := []hybrid.Limit{{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}}
+	for _, tc := range []struct {
+		name     string
+		user, pw string
+		ok       bool
+	}{
+		{"right password", "", "right", true},
+		{"wrong password", "", "wrong", false},
+		{"no password", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: tc.user, Password: tc.pw})
+			t.Cleanup(func() { _ = rdb.Close() })
+			l, err := hybrid.New(hybrid.Config{Redis: rdb, Limits: limits})
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				_ = l.Close(context.Background())
+				return
+			}
+			if err == nil {
+				_ = l.Close(context.Background())
+				t.Fatal("New accepted a client Redis refuses")
+			}
+			if !errors.Is(err, hybrid.ErrConfig) || !strings.Contains(err.Error(), "Password") {
+				t.Errorf("error %q: want ErrConfig saying to check the password", err)
+			}
+		})
+	}
+}
+
+// TestPrefixKeepsApplicationsApart: two applications with the same limit
+// and key on one Redis, told apart by prefix, each lease the whole rate.
+func TestPrefixKeepsApplicationsApart(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: 1000, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	var apps []*hybrid.Limiter
+	for _, prefix := range []string{"app1", "app2"} {
+		apps = append(apps, newLimiter(t, hybrid.Config{Redis: srv.Client(t), Prefix: prefix,
+			Members: membership.NewStatic(prefix+"-instance", 1), Limits: []hybrid.Limit{lim}}))
+	}
+	stops := []func(){hammerKey(t, apps[0], "api", "k"), hammerKey(t, apps[1], "api", "k")}
+	defer func() {
+		for _, s := range stops {
+			s()
+		}
+	}()
+	eventually(t, 5*time.Second, "each application leases the whole rate", func() bool {
+		for _, a := range apps {
+			if st, _ := a.Status("api"); st.LeasedRate < 999 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a slog handler used from several
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestLogsNeverCarryAKey logs every state change there is (degraded,
+// recovered, failing keys, instance count) at debug level and checks that
+// no line names a key.
+func TestLogsNeverCarryAKey(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	var logs syncBuffer
+	members := membership.NewStatic("me", 2)
+	const secret = "user-4711-secret"
+	ctx := context.Background()
+	store := global.New(rdb, "hybridlimit")
+	if err := rdb.Set(ctx, store.LeaseKey("h", secret+"-wrongtype"), "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(t, hybrid.Config{Redis: rdb, Members: members,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Limits: []hybrid.Limit{{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed}}})
+	for _, k := range []string{secret, secret + "-wrongtype"} {
+		if _, err := l.Allow(ctx, "h", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Second, "a failing key is logged", func() bool { return strings.Contains(logs.String(), "failing") })
+	members.Set(3)
+	srv.Kill(t)
+	eventually(t, 5*time.Second, "the outage is logged", func() bool {
+		l.Allow(ctx, "h", secret)
+		return strings.Contains(logs.String(), "degraded")
+	})
+	srv.Restart(t)
+	eventually(t, 5*time.Second, "the recovery is logged", func() bool {
+		l.Allow(ctx, "h", secret)
+		return strings.Contains(logs.String(), "back to normal")
+	})
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("a log line carries a key:\n%s", logs.String())
+	}
+}

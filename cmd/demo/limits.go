@@ -61,10 +61,14 @@ func parseLimits(file string, data []byte) ([]hybrid.Limit, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: the file is empty: write a list of limits, for example\n%s", file, exampleLimits)
 		}
-		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			return nil, fmt.Errorf("%s:%s: not valid YAML: %s", file, m[1], m[2])
+		hint := ""
+		if bytes.ContainsRune(data, '\t') {
+			hint = " (YAML indents with spaces, not tabs)"
 		}
-		return nil, fmt.Errorf("%s: not valid YAML: %s", file, strings.TrimPrefix(err.Error(), "yaml: "))
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			return nil, fmt.Errorf("%s:%s: not valid YAML: %s%s", file, m[1], m[2], hint)
+		}
+		return nil, fmt.Errorf("%s: not valid YAML: %s%s", file, strings.TrimPrefix(err.Error(), "yaml: "), hint)
 	}
 	p := &limitsParser{file: file}
 	root := &doc

@@ -277,9 +277,9 @@ func (m *Memberlist) Members() []string {
 
 // Close leaves the cluster gracefully, waiting at most Config.LeaveTimeout
 // for the leave message to reach another member, then shuts the node down
-// and stops the watcher goroutine. The node is shut down even if the leave
-// times out; the error then says so, and the other members will notice the
-// departure through failure detection instead. Close is idempotent: later
+// and stops the watcher goroutine. A leave that times out is logged, not
+// returned: the node is shut down all the same and the other members notice
+// the departure through failure detection instead. Close is idempotent: later
 // calls return the first call's result. It must not be called from a
 // watcher.
 func (m *Memberlist) Close() error {
@@ -292,7 +292,14 @@ func (m *Memberlist) close(leave bool) error {
 	m.closeOnce.Do(func() {
 		var errs []error
 		if leave {
-			if err := m.ml.Leave(m.leaveTimeout); err != nil {
+			switch err := m.ml.Leave(m.leaveTimeout); {
+			case err == nil:
+			case strings.Contains(err.Error(), "timeout"):
+				// Nobody confirmed the goodbye in time (for example when
+				// several nodes stop at once): the others notice through
+				// failure detection instead. Not worth failing Close for.
+				m.logger.Warn("membership: leave not confirmed in time; the others will detect the departure", "name", m.name, "timeout", m.leaveTimeout)
+			default:
 				errs = append(errs, fmt.Errorf("membership: leave %q: %w", m.name, err))
 			}
 		}

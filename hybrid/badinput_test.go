@@ -172,6 +172,31 @@ func TestRedisCredentials(t *testing.T) {
 	}
 }
 
+// TestACLUser runs a Hybrid and a Global limit as an ACL user with only the
+// rights the README lists: connection commands, EVAL, EVALSHA and the
+// commands the scripts call, on the keys under the prefix.
+func TestACLUser(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	if err := srv.Client(t).Do(ctx, "ACL", "SETUSER", "limiter", "on", ">pw", "~hybridlimit:*", "+@connection", "+eval", "+evalsha",
+		"+time", "+hgetall", "+hmget", "+hset", "+hdel", "+pexpire", "+del").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	l := newLimiter(t, hybrid.Config{Redis: rdb, Limits: []hybrid.Limit{
+		{Name: "g", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+		{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
+	}})
+	if d, err := l.Allow(ctx, "g", "k"); err != nil || d.Source != hybrid.SourceGlobal || !d.Allowed {
+		t.Errorf("Global as a restricted ACL user: %+v, %v", d, err)
+	}
+	eventually(t, 5*time.Second, "a lease as a restricted ACL user", func() bool {
+		d, err := l.Allow(ctx, "h", "k")
+		return err == nil && d.Source == hybrid.SourceLease
+	})
+}
+
 // TestPrefixKeepsApplicationsApart: two applications with the same limit
 // and key on one Redis, told apart by prefix, each lease the whole rate.
 func TestPrefixKeepsApplicationsApart(t *testing.T) {

@@ -53,11 +53,11 @@ func readLeases(t *testing.T, rdb *redis.Client, key string) map[string]leaseFie
 	}
 	out := make(map[string]leaseField, len(h))
 	for id, v := range h {
-		if id == "born" {
-			continue
+		if id == "born" || strings.HasPrefix(id, "r:") {
+			continue // the key's birth, and recent releases
 		}
 		if !strings.HasPrefix(id, "i:") {
-			t.Fatalf("lease hash field %q: want born or i:<instance>", id)
+			t.Fatalf("lease hash field %q: want born, r:<instance> or i:<instance>", id)
 		}
 		id = strings.TrimPrefix(id, "i:")
 		f := strings.Fields(v)
@@ -117,9 +117,10 @@ func waterFill(rate float64, wants []float64) []float64 {
 
 // fairSplit is what the lease script grants each of n instances with the
 // given wants once every instance has renewed: the max-min fair split when
-// the wants exceed rate, otherwise each want plus an n-th of what nobody
-// wants. A want of 0 (a release) is granted 0.
-func fairSplit(rate float64, wants []float64, n int) []float64 {
+// the wants exceed rate; otherwise each want, plus an n-th of what nobody
+// wants once the key is no longer young. A want of 0 (a release) is granted
+// 0.
+func fairSplit(rate float64, wants []float64, n int, young bool) []float64 {
 	sum := 0.0
 	for _, w := range wants {
 		sum += w
@@ -129,7 +130,10 @@ func fairSplit(rate float64, wants []float64, n int) []float64 {
 	}
 	out := make([]float64, len(wants))
 	for i, w := range wants {
-		if w > 0 {
+		switch {
+		case w > 0 && young:
+			out[i] = w
+		case w > 0:
 			out[i] = w + (rate-sum)/float64(max(n, len(wants)))
 		}
 	}
@@ -138,4 +142,16 @@ func fairSplit(rate float64, wants []float64, n int) []float64 {
 
 func approx(a, b float64) bool {
 	return math.Abs(a-b) <= 1e-9*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
+}
+
+// eventually polls cond every 5ms until it holds, failing the test after 5s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 5s: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval
+	}
 }

@@ -19,8 +19,9 @@ type LeaseRequest struct {
 	// must not be empty.
 	Instance string
 	// Want is the rate in tokens per second the instance asks for. 0 releases
-	// its lease; the instance is then counted, like one that has not asked
-	// yet, as wanting Rate/N in the fair split of the others.
+	// its lease; while the key is young (see Cold) the hash remembers that
+	// the instance wants nothing, so it is not counted at Rate/N like one
+	// that has not asked yet.
 	Want float64
 	// Rate is the limit's global rate in tokens per second, shared by all
 	// instances.
@@ -34,7 +35,10 @@ type LeaseRequest struct {
 	// TTL is the lease lifetime, at least one microsecond.
 	TTL time.Duration
 	// Cold is how long after a key's lease hash is created instances that
-	// have not asked yet are counted (see Instances). Zero means TTL.
+	// have not asked yet are counted (see Instances); while it lasts, what
+	// nobody wants is not handed out either (an uncontended grant is the
+	// want alone, later the want plus an N-th of what nobody wants). Zero
+	// means TTL.
 	Cold time.Duration
 }
 

@@ -1,8 +1,9 @@
 -- Rate lease: grant one instance its share of a global rate, on Redis server time.
 --
 -- KEYS[1]  lease hash: one field "i:<instance>" per instance, value
---          "granted want expiry_us", and a field "born" with the time (us) the
---          hash was created
+--          "granted want expiry_us"; a field "born" with the time (us) the
+--          hash was created; and, while the key is young, "r:<instance>"
+--          (value: until when, us) for instances that released their lease
 -- ARGV[1]  instance id (non-empty)
 -- ARGV[2]  want, tokens per second this instance asks for (>= 0; 0 releases)
 -- ARGV[3]  rate, the limit's global rate in tokens per second (>= 0)
@@ -43,10 +44,20 @@ local last = 0 -- latest expiry among the other live leases
 local dead = {}
 local born = nil
 local self = 'i:' .. inst
+local released = {} -- instances that released recently: known, wanting 0
+local leased = {}   -- instances with a live lease
 for i = 1, #fields, 2 do
   local id = fields[i]
   if id == 'born' then
     born = tonumber(fields[i + 1])
+  elseif string.sub(id, 1, 2) == 'r:' then
+    local e = tonumber(fields[i + 1])
+    if not e or e <= now then
+      dead[#dead + 1] = id
+    elseif id ~= 'r:' .. inst then
+      released[string.sub(id, 3)] = true
+      if e > last then last = e end
+    end
   else
   local g, w, e = string.match(fields[i + 1], '^(%S+) (%S+) (%S+)$')
   g, w, e = tonumber(g), tonumber(w), tonumber(e)
@@ -55,9 +66,15 @@ for i = 1, #fields, 2 do
   elseif id ~= self then
     wants[#wants + 1] = w
     others = others + g
+    leased[string.sub(id, 3)] = true
     if e > last then last = e end
   end
   end
+end
+-- An instance that released its lease is not one that has not asked yet.
+local known = #wants
+for id in pairs(released) do
+  if not leased[id] then known = known + 1 end
 end
 if born == nil and want > 0 then
   born = now
@@ -75,7 +92,7 @@ end
 -- DESIGN.md allows one such default share per (instance, key) cold start.
 wants[#wants + 1] = want
 if born ~= nil and now - born < cold then
-  local phantoms = math.floor(n) - #wants
+  local phantoms = math.floor(n) - (known + 1)
   for _ = 1, phantoms do
     wants[#wants + 1] = rate / n
   end
@@ -101,7 +118,11 @@ if level ~= nil and level < fair then fair = level end
 -- Uncontended: what nobody wants is split N ways on top of each want, so a
 -- key one instance uses runs with at least its default share (and burst)
 -- there, while N-1 parts stay free for instances that start wanting it.
-if level == nil and want > 0 then
+-- Not while the key is young: after a FLUSHALL or a restart, instances that
+-- have not renewed yet may hold more than the rate/N they are counted at,
+-- and handing out what looks free would overshoot and starve them.
+local young = born ~= nil and now - born < cold
+if level == nil and want > 0 and not young then
   fair = want + left / math.max(n, #wants)
 end
 
@@ -110,9 +131,17 @@ if granted < 0 or want == 0 then granted = 0 end
 
 local expiry = now
 if want == 0 then
+  -- Released: while the key is young, remember that this instance asked
+  -- and wants nothing, so that it is not counted as one that has not asked.
   redis.call('HDEL', key, self)
+  if born ~= nil and now - born < cold then
+    local until_ = born + cold
+    redis.call('HSET', key, 'r:' .. inst, string.format('%d', until_))
+    if until_ > last then last = until_ end
+  end
 else
   expiry = now + ttl
+  redis.call('HDEL', key, 'r:' .. inst)
   redis.call('HSET', key, self,
     string.format('%.17g %.17g %d', granted, want, expiry))
 end

@@ -40,12 +40,12 @@ func TestLeaseSingle(t *testing.T) {
 		demand    float64
 		contended bool
 	}{
-		// Uncontended: the want plus an N-th of what nobody wants.
-		{"alone wants less than rate", 1, 30, 100, 30, false},
+		// A young key (Cold defaults to TTL): no surplus on top of the want.
+		{"alone wants less than rate", 1, 30, 30, 30, false},
 		{"alone wants the rate", 1, 100, 100, 100, false},
 		{"alone wants more than rate", 1, 250, 100, 250, true},
 		{"cold of four wants everything", 4, 100, 25, 175, true},
-		{"cold of four wants little", 4, 10, 13.75, 85, false},
+		{"cold of four wants little", 4, 10, 10, 85, false},
 		{"cold of two wants more", 2, 80, 50, 130, true},
 	}
 	srv := redistest.Start(t)
@@ -79,8 +79,7 @@ func TestLeaseConvergence(t *testing.T) {
 		{"skewed under", []float64{0.9, 0.033, 0.033, 0.033}},
 		{"skewed over", []float64{2, 0.1, 0.1, 0.1}},
 		{"all want everything", []float64{1, 1, 1, 1}},
-		// Want 0 releases: the idle instance is then counted like one that
-		// has not asked yet, at rate/N.
+		// Want 0 releases: the idle instance is then known to want nothing.
 		{"one released", []float64{0.6, 0.6, 0.6, 0}},
 	}
 	srv := redistest.Start(t)
@@ -92,14 +91,9 @@ func TestLeaseConvergence(t *testing.T) {
 			for i, w := range tt.wants {
 				wants[i] = w * rate
 			}
-			phantom := make([]float64, len(wants))
-			for i, w := range wants {
-				phantom[i] = w
-				if w == 0 {
-					phantom[i] = rate / float64(len(wants))
-				}
-			}
-			fair := fairSplit(rate, phantom, len(wants))
+			// An instance that released (want 0) is known to want nothing:
+			// it is not counted like one that has not asked yet.
+			fair := fairSplit(rate, wants, len(wants), true)
 			for i, w := range wants {
 				if w == 0 {
 					fair[i] = 0
@@ -197,7 +191,7 @@ func readLeasesNoFatal(rdb *redis.Client, key string) []leaseField {
 	}
 	var out []leaseField
 	for id, v := range h {
-		if id == "born" {
+		if id == "born" || strings.HasPrefix(id, "r:") {
 			continue
 		}
 		var f leaseField
@@ -295,8 +289,14 @@ func TestLeaseRelease(t *testing.T) {
 	if got := lease(t, store, req("b", 0)); got.Granted != 0 {
 		t.Fatalf("Lease with want 0 granted %v", got.Granted)
 	}
-	if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
-		t.Fatalf("lease hash after the last release: EXISTS = %d, %v; want 0", n, err)
+	// No lease is left. While the key is young (Cold, which defaults to
+	// TTL) the hash remembers who released, so that they are not counted
+	// as instances that have not asked; it expires with the cold window.
+	if left := readLeases(t, rdb, key); len(left) != 0 {
+		t.Fatalf("leases after the last release: %v", left)
+	}
+	if pttl, err := rdb.PTTL(ctx, key).Result(); err != nil || pttl <= 0 || pttl > 10*time.Second {
+		t.Fatalf("PTTL of the hash after the last release = %v, %v; want within the 10s cold window", pttl, err)
 	}
 	// Releasing what is not held is fine.
 	if err := store.Release(ctx, []global.LeaseRequest{req("a", 0), req("zz", 0)}); err != nil {
@@ -319,8 +319,8 @@ func TestLeaseNoScript(t *testing.T) {
 			t.Fatalf("round %d: Lease after SCRIPT FLUSH: %v", round, err)
 		}
 		for i, l := range out {
-			// Alone and uncontended: all of the rate.
-			if l.Err != nil || !approx(l.Granted, 10) {
+			// Alone, uncontended and young: the want.
+			if l.Err != nil || !approx(l.Granted, 1) {
 				t.Fatalf("round %d: out[%d] = %+v", round, i, l)
 			}
 		}
@@ -412,8 +412,8 @@ func TestLeaseUniversalClient(t *testing.T) {
 	if err := store.Lease(context.Background(), reqs, out); err != nil {
 		t.Fatalf("Lease: %v", err)
 	}
-	if !approx(out[0].Granted, 10) || out[0].Contended || !approx(out[1].Granted, 10) || !out[1].Contended || out[0].Err != nil || out[1].Err != nil {
-		t.Errorf("Lease = %+v, want grants 10 (uncontended) and 10 (contended)", out)
+	if !approx(out[0].Granted, 3) || out[0].Contended || !approx(out[1].Granted, 10) || !out[1].Contended || out[0].Err != nil || out[1].Err != nil {
+		t.Errorf("Lease = %+v, want grants 3 (uncontended, young) and 10 (contended)", out)
 	}
 	if _, err := store.TakeN(context.Background(), "u", "a", 1, 1, 1); err != nil {
 		t.Errorf("TakeN: %v", err)
@@ -441,8 +441,8 @@ func TestLeaseWrongType(t *testing.T) {
 		t.Errorf("out[1].Err = %v, want WRONGTYPE", out[1].Err)
 	}
 	for _, i := range []int{0, 2} {
-		if out[i].Err != nil || !approx(out[i].Granted, 10) {
-			t.Errorf("out[%d] = %+v, want granted 10", i, out[i])
+		if out[i].Err != nil || !approx(out[i].Granted, 1) {
+			t.Errorf("out[%d] = %+v, want granted 1", i, out[i])
 		}
 	}
 	if err := store.Release(ctx, reqs); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
@@ -502,4 +502,29 @@ func TestLeaseInvalid(t *testing.T) {
 	if !errors.Is(out[0].Err, global.ErrInvalid) || out[1].Err != nil || out[1].Granted <= 0 {
 		t.Errorf("Lease(bad, ok) = %+v", out)
 	}
+}
+
+// TestLeaseSurplusOnceSettled: once a key is older than Cold, an
+// uncontended instance gets its want plus an N-th of what nobody wants, and
+// a key one instance uses alone on a single instance gets the whole rate.
+func TestLeaseSurplusOnceSettled(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	req := func(inst string, want float64, n int) global.LeaseRequest {
+		return global.LeaseRequest{Limit: "s", Key: fmt.Sprint("k", n), Instance: inst, Want: want, Rate: 100,
+			Instances: n, TTL: 10 * time.Second, Cold: time.Microsecond}
+	}
+	// The first call creates the hash: young, so the want alone.
+	if got := lease(t, store, req("a", 10, 1)); !approx(got.Granted, 10) {
+		t.Fatalf("young key: granted %v, want 10", got.Granted)
+	}
+	eventually(t, "the whole rate once the key is no longer young", func() bool {
+		return approx(lease(t, store, req("a", 10, 1)).Granted, 100)
+	})
+	// Four instances, two asking: each gets its want plus a quarter of the
+	// rest, so two quarters stay free for the other two.
+	lease(t, store, req("a", 10, 4))
+	eventually(t, "want plus an N-th of the rest", func() bool {
+		return approx(lease(t, store, req("b", 30, 4)).Granted, 30+(100-40)/4.0)
+	})
 }

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -21,6 +22,9 @@ const (
 	// ticks.
 	earlyGrowth = 1.0
 	earlyEvery  = 4
+	// settleAfter is how many contended renewals in a row must leave a
+	// grant unchanged (within 1%) before its lease lifetime starts to grow.
+	settleAfter = 3
 	// A key's demand is measured over the most recent window that holds
 	// at least demandTokens tokens (or all its recorded history, demandSamples
 	// renewals back): a busy key follows shifts within a renewal or two,
@@ -42,6 +46,8 @@ type lease struct {
 	attemptedAt int64                 // the key's Attempted counter at sentAt
 	renewAt     time.Time             // when the next renewal is due
 	failed      bool                  // the last request for this key failed on its own
+	stable      int                   // consecutive contended renewals that changed nothing
+	lastWant    float64               // the want of the last request
 	samples     [demandSamples]sample // ring of (time, Attempted) at past requests
 	next        int                   // next slot of samples to write
 }
@@ -169,11 +175,15 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 	}
 }
 
-// request builds the lease request of one key.
+// request builds the lease request of one key. Instances that hold no
+// lease on the key yet are counted at rate/N for UncontendedTTL after its
+// lease hash is created (or re-created, after a FLUSHALL or a restart):
+// every live instance renews within half that, so none can be running on a
+// share Redis does not know of by then.
 func (l *Limiter) request(ls *limitState, key string, want float64, n int, ttl time.Duration) global.LeaseRequest {
 	return global.LeaseRequest{
 		Limit: ls.Name, Key: key, Instance: l.members.Name(),
-		Want: want, Rate: ls.Rate, Instances: n, TTL: ttl,
+		Want: want, Rate: ls.Rate, Instances: n, TTL: ttl, Cold: l.cfg.UncontendedTTL,
 	}
 }
 
@@ -217,8 +227,17 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		if le.requested {
 			due = !now.Before(le.renewAt)
 		}
-		if !due && !le.contended && elapsed >= earlyEvery*l.cfg.Tick && demand > le.granted*earlyGrowth {
-			due = true // demand outgrew an uncontended grant: ask now
+		if !due && elapsed >= earlyEvery*l.cfg.Tick {
+			switch {
+			case !le.contended:
+				// Demand outgrew an uncontended grant: ask now.
+				due = demand > le.granted*earlyGrowth
+			case le.stable >= settleAfter:
+				// A settled contended lease renews rarely; ask now if this
+				// instance's demand moved enough to change its share.
+				d := le.demand(now, st, ls.Rate/float64(n)) * headroom
+				due = d < le.granted*0.75 || (le.lastWant < le.fair && d > le.lastWant*1.25)
+			}
 		}
 		if !due {
 			continue
@@ -239,8 +258,14 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		le.record(now, st.Attempted)
 		ttl := l.cfg.UncontendedTTL
 		if !le.requested || le.contended {
-			ttl = l.cfg.ContendedTTL
+			// A contended lease whose share has settled (settleAfter
+			// renewals in a row changed nothing) doubles its lifetime at
+			// each further one, up to an uncontended lease's: Redis commands
+			// then follow the keys whose shares move, not every contended
+			// key.
+			ttl = min(l.cfg.ContendedTTL<<min(max(le.stable-settleAfter+1, 0), 16), l.cfg.UncontendedTTL)
 		}
+		le.lastWant = want
 		b.add(ls, le, l.request(ls, st.Key, want, n, ttl))
 		le.requested = true
 		le.sentAt = now
@@ -334,6 +359,13 @@ func (l *Limiter) setKeyFailed(ls *limitState, key string, le *lease, failed boo
 // than it does in Redis whatever the clocks say.
 func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseRequest, le *lease, res *global.Lease) {
 	first := !le.held && le.granted == 0
+	settled := res.Contended && res.Granted >= res.Fair*0.99 && le.granted > 0 &&
+		math.Abs(res.Granted-le.granted) <= 0.01*le.granted
+	if settled {
+		le.stable++
+	} else {
+		le.stable = 0
+	}
 	le.granted, le.fair, le.contended = res.Granted, res.Fair, res.Contended
 	le.until = sent.Add(req.TTL * 9 / 10)
 	switch {
@@ -341,10 +373,14 @@ func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseReq
 		// The first grant counts instances not heard from yet at rate/N;
 		// they will soon say what they want, so ask again soon.
 		le.renewAt = sent.Add(2 * l.cfg.Tick)
-	case res.Contended && res.Granted < res.Fair*0.99:
+	case res.Contended && res.Granted < res.Fair*0.9:
 		// Others hold more than their fair share until their next renewal:
 		// ask again soon to pick up what they free.
 		le.renewAt = sent.Add(2 * l.cfg.Tick)
+	case res.Contended && !settled:
+		// A share that moved renews on the contended schedule, even if
+		// this request was for a longer, settled lease.
+		le.renewAt = sent.Add(min(req.TTL, l.cfg.ContendedTTL) / 2)
 	default:
 		le.renewAt = sent.Add(req.TTL / 2)
 	}

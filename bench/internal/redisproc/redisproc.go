@@ -1,0 +1,437 @@
+// Package redisproc runs the redis-server the bench program measures against:
+// a child process on a free port of 127.0.0.1 that can be paused, killed and
+// restarted on the same port to stage an outage, and whose own count of the
+// commands it executed (INFO commandstats) survives those restarts.
+//
+// It is internal/redistest without testing.T: a program cannot fail a test,
+// so every method returns an error instead.
+package redisproc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNotFound is returned by Start when there is no redis-server on PATH.
+var ErrNotFound = errors.New("redisproc: redis-server not found on PATH")
+
+const (
+	// startTimeout bounds how long Start and Restart wait for PING.
+	startTimeout = 15 * time.Second
+	// startAttempts is how many free ports Start tries, in case another
+	// process takes the port between probing and binding it.
+	startAttempts = 5
+)
+
+// Harness is the set of commands the Server itself sends (as Redis names
+// them in INFO commandstats), left out of Commands so that only the
+// traffic of the clients under test is counted. PING is not in it: the
+// library under test sends PINGs too, so the Server subtracts its own.
+var Harness = map[string]bool{
+	"info":             true,
+	"flushall":         true,
+	"client|pause":     true,
+	"client|unpause":   true,
+	"config|resetstat": true,
+}
+
+// Server is a redis-server child process. Its methods are safe for
+// concurrent use.
+type Server struct {
+	// Addr is "127.0.0.1:PORT"; it does not change across Kill and Restart.
+	Addr string
+
+	bin, dir string
+
+	mu      sync.Mutex // guards the fields below
+	proc    *process
+	admin   *redis.Client
+	pings   int64            // PINGs of the harness since the current process started
+	hellos  int64            // connections of the harness (one HELLO each) since then
+	carried map[string]int64 // calls counted by processes that have since been killed
+	paused  map[string]int64 // the calls counted just before the current pause, if any
+}
+
+type process struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error // valid after done is closed
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf.String()
+	if len(s) > n {
+		s = "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// Start starts the redis-server found on PATH on a free port of 127.0.0.1,
+// with persistence off, its working directory in dir, and waits until it
+// answers PING. It returns an error wrapping ErrNotFound if there is no
+// redis-server on PATH. Close stops it.
+func Start(ctx context.Context, dir string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("%w (%v)", ErrNotFound, err)
+	}
+	s := &Server{bin: bin, dir: dir, carried: make(map[string]int64)}
+	for range startAttempts {
+		port, perr := freePort()
+		if perr != nil {
+			return nil, fmt.Errorf("redisproc: pick a free port: %w", perr)
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if err = s.launch(ctx); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redisproc: start redis-server: %w", err)
+	}
+	s.admin = redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, Protocol: 2, OnConnect: s.connected})
+	return s, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// launch runs redis-server on s.Addr and waits until it answers PING.
+func (s *Server) launch(ctx context.Context) error {
+	_, port, _ := net.SplitHostPort(s.Addr)
+	p := &process{
+		cmd: exec.Command(s.bin,
+			"--port", port, "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--protected-mode", "no",
+			"--dir", s.dir),
+		out:  &syncBuffer{},
+		done: make(chan struct{}),
+	}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	setDeathSignal(p.cmd)
+	if err := p.cmd.Start(); err != nil {
+		return err
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	s.mu.Lock()
+	s.hellos = 0
+	s.mu.Unlock()
+	pings, err := waitReady(ctx, s.Addr, p, s.connected)
+	if err != nil {
+		p.kill()
+		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.tail(4096))
+	}
+	s.mu.Lock()
+	s.proc, s.pings = p, pings
+	s.mu.Unlock()
+	return nil
+}
+
+// waitReady polls PING until it succeeds, the process exits or
+// startTimeout passes. It returns how many PINGs the server answered.
+func waitReady(ctx context.Context, addr string, p *process, onConnect func(context.Context, *redis.Conn) error) (int64, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, Protocol: 2, OnConnect: onConnect,
+		MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer c.Close()
+	deadline := time.Now().Add(startTimeout)
+	var err error
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return 0, fmt.Errorf("redis-server on %s exited: %v", addr, p.err)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		default:
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err = c.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return 1, nil
+		}
+		select { // poll interval while the server starts
+		case <-p.done:
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return 0, fmt.Errorf("redis-server on %s did not answer PING within %v: %v", addr, startTimeout, err)
+}
+
+// connected counts a connection of the harness: go-redis opens each with
+// a HELLO, which the server counts.
+func (s *Server) connected(context.Context, *redis.Conn) error {
+	s.mu.Lock()
+	s.hellos++
+	s.mu.Unlock()
+	return nil
+}
+
+func (p *process) kill() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Close kills the server and waits for it to exit.
+func (s *Server) Close() {
+	s.mu.Lock()
+	p, admin := s.proc, s.admin
+	s.proc, s.admin = nil, nil
+	s.mu.Unlock()
+	if admin != nil {
+		_ = admin.Close()
+	}
+	p.kill()
+}
+
+// Pause makes the server hold every client's commands for d (CLIENT PAUSE
+// ALL), as a stalled Redis would. Commands the server executed before the
+// pause are counted first, so that Commands stays right if the server is
+// killed while paused.
+func (s *Server) Pause(ctx context.Context, d time.Duration) error {
+	n, err := s.executed(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.paused = n
+	s.mu.Unlock()
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	return s.do(ctx, "client", "pause", int64(ms), "all")
+}
+
+// Kill kills the server with SIGKILL and waits for it to exit, as a crash
+// would. Commands it executed are carried over into Commands: those counted
+// before a Pause if it is paused (commands held by the pause never run),
+// otherwise those it reports now.
+func (s *Server) Kill(ctx context.Context) {
+	s.mu.Lock()
+	n := s.paused
+	s.mu.Unlock()
+	if n == nil {
+		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		n, _ = s.executed(cctx) // a server that cannot answer has nothing to carry
+		cancel()
+	}
+	s.mu.Lock()
+	p := s.proc
+	s.proc, s.paused = nil, nil
+	for name, c := range n {
+		s.carried[name] += c
+	}
+	s.mu.Unlock()
+	p.kill()
+}
+
+// Restart starts the server again on the same address, empty, and waits
+// until it answers PING.
+func (s *Server) Restart(ctx context.Context) error {
+	s.mu.Lock()
+	running := s.proc != nil
+	s.mu.Unlock()
+	if running {
+		s.Kill(ctx)
+	}
+	var err error
+	for range startAttempts {
+		if err = s.launch(ctx); err == nil || !strings.Contains(err.Error(), "in use") {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("redisproc: restart redis-server on %s: %w", s.Addr, err)
+	}
+	return nil
+}
+
+// FlushAll deletes every key (FLUSHALL).
+func (s *Server) FlushAll(ctx context.Context) error {
+	return s.do(ctx, "flushall")
+}
+
+// Commands returns the calls of every command the server has executed for
+// clients other than the Server itself, since Start and across restarts,
+// as the server counts them (INFO commandstats, which counts the commands
+// scripts run too). Subtract two calls' results to count the commands in
+// between.
+func (s *Server) Commands(ctx context.Context) (map[string]int64, error) {
+	n, err := s.executed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, c := range s.carried {
+		n[name] += c
+	}
+	return n, nil
+}
+
+// executed is the count of the current process, without the harness's.
+func (s *Server) executed(ctx context.Context) (map[string]int64, error) {
+	s.mu.Lock()
+	admin := s.admin
+	s.mu.Unlock()
+	if admin == nil {
+		return nil, errors.New("redisproc: server closed")
+	}
+	info, err := admin.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisproc: INFO commandstats: %w", err)
+	}
+	stats, err := ParseCommandStats(info)
+	if err != nil {
+		return nil, fmt.Errorf("redisproc: INFO commandstats: %w", err)
+	}
+	s.mu.Lock()
+	own := map[string]int64{"ping": s.pings, "hello": s.hellos}
+	s.mu.Unlock()
+	stats = Without(stats, Harness)
+	for name, n := range own {
+		if stats[name] -= n; stats[name] <= 0 {
+			delete(stats, name)
+		}
+	}
+	return stats, nil
+}
+
+// Split adds up the calls in stats (by command name, as INFO commandstats
+// names them) into those clients sent — scripts (EVALSHA, EVAL, FCALL),
+// SCRIPT, connection and administrative commands — and the commands that
+// scripts ran (TIME, HGET, SET and the like): Redis counts both. Neither
+// the strategies the bench measures nor their clients send data commands
+// themselves, so the names tell the two apart.
+func Split(stats map[string]int64) (sent, scripted int64) {
+	for name, c := range stats {
+		if SentByClient(name) {
+			sent += c
+		} else {
+			scripted += c
+		}
+	}
+	return sent, scripted
+}
+
+// SentByClient reports whether the command of this INFO commandstats name
+// is one a client sends rather than one a script runs: see Split.
+func SentByClient(name string) bool {
+	switch name {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro",
+		"ping", "hello", "auth", "select", "echo", "quit", "reset", "readonly", "readwrite",
+		"multi", "exec", "discard", "watch", "unwatch", "info":
+		return true
+	}
+	for _, p := range []string{"script|", "function|", "client|", "command|", "config|", "cluster|"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Without returns stats without the commands in skip.
+func Without(stats map[string]int64, skip map[string]bool) map[string]int64 {
+	out := make(map[string]int64, len(stats))
+	for name, c := range stats {
+		if !skip[name] {
+			out[name] = c
+		}
+	}
+	return out
+}
+
+// ParseCommandStats parses the reply of INFO commandstats, lines such as
+// "cmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0",
+// into the number of calls per command.
+func ParseCommandStats(info string) (map[string]int64, error) {
+	stats := make(map[string]int64)
+	for line := range strings.SplitSeq(info, "\n") {
+		line = strings.TrimSpace(line)
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		for kv := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			if k != "calls" {
+				continue
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("line %q: %w", line, err)
+			}
+			stats[name] = n
+		}
+	}
+	return stats, nil
+}
+
+// Version returns the server's version (INFO server redis_version).
+func (s *Server) Version(ctx context.Context) string {
+	s.mu.Lock()
+	admin := s.admin
+	s.mu.Unlock()
+	if admin == nil {
+		return ""
+	}
+	info, err := admin.Info(ctx, "server").Result()
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (s *Server) do(ctx context.Context, args ...any) error {
+	s.mu.Lock()
+	admin := s.admin
+	s.mu.Unlock()
+	if admin == nil {
+		return errors.New("redisproc: server closed")
+	}
+	if err := admin.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("redisproc: %v on %s: %w", args, s.Addr, err)
+	}
+	return nil
+}

@@ -1,0 +1,342 @@
+package report
+
+import (
+	"fmt"
+	"html/template"
+	"io"
+	"math"
+	"strings"
+)
+
+// colors of the strategies in the charts; the reference is drawn in black.
+var colors = map[string]string{
+	Local:     "#7f7f7f",
+	Global:    "#d62728",
+	Hybrid:    "#1f77b4",
+	RedisRate: "#ff7f0e",
+}
+
+func color(strategy string) string {
+	if c, ok := colors[strategy]; ok {
+		return c
+	}
+	return "#2ca02c"
+}
+
+var page = template.Must(template.New("page").Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>hybridlimit bench</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }
+h1, h2 { font-weight: 600; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { padding: .25em .6em; border-bottom: 1px solid #ddd; text-align: right; }
+th:nth-child(-n+2), td:nth-child(-n+2) { text-align: left; }
+.warn { background: #fff3cd; border: 1px solid #e0c36b; padding: .6em 1em; }
+.met { color: #1a7f37; font-weight: 600; }
+.notmet { color: #b42318; font-weight: 600; }
+.grid { display: flex; flex-wrap: wrap; gap: 12px; }
+svg text { font: 11px system-ui, sans-serif; fill: #333; }
+svg .title { font-size: 13px; font-weight: 600; }
+.legend span { display: inline-block; margin-right: 1.2em; }
+.legend i { display: inline-block; width: 12px; height: 12px; margin-right: .3em; vertical-align: -1px; }
+</style>
+</head>
+<body>
+<h1>hybridlimit bench</h1>
+{{if not .R.Representative}}<p class="warn"><b>Not representative:</b> measured on an embedded in-process Redis (miniredis); Redis commands are counted by the clients.</p>{{end}}
+<p>Redis: {{.R.Redis}} · {{.R.Platform}}, {{.R.CPUs}} CPUs, {{.R.GoVersion}} · {{if .R.Quick}}quick run{{else}}full run{{end}}, scale {{.R.Scale}}, {{.R.Arrivals}} arrivals · wall time {{printf "%.1f" .R.WallSeconds}} s · started {{.R.Started.Format "2006-01-02 15:04:05 MST"}}.
+Absolute numbers vary by machine; the ratios are the point.</p>
+<div class="legend">{{range .Legend}}<span><i style="background:{{.Color}}"></i>{{.Name}}</span>{{end}}<span><i style="background:#000"></i>exact reference</span></div>
+
+<h2>Redis commands per decision against accuracy</h2>
+<p>One panel per scenario, one point per strategy. Accuracy is what the strategy admitted over what one exact token bucket per key admits on the same arrivals (1 is perfect; the band is 0.95–1.05). Commands are per decision, on a log scale; <code>local</code> sends none and sits on the “0” line.</p>
+<div class="grid">{{range .Scatter}}{{.}}{{end}}</div>
+
+<h2>Admitted rate over time</h2>
+<p>Admissions per second in {{.BucketMS}} ms buckets, by the time each decision started; the exact reference is dashed.</p>
+<div class="grid">{{range .Series}}{{.}}{{end}}</div>
+
+<h2>Results</h2>
+<table>
+<tr><th>scenario</th><th>strategy</th><th>decisions</th><th>allowed / reference</th><th>Redis commands</th><th>per 1000 decisions</th><th>decisions/s (closed loop)</th><th>p50</th><th>p99</th></tr>
+{{range .Rows}}<tr><td>{{.Scenario}}</td><td>{{.Strategy}}</td><td>{{.Decisions}}</td><td>{{.Accuracy}}</td><td>{{.Commands}}</td><td>{{.Per1000}}</td><td>{{.DPS}}</td><td>{{.P50}}</td><td>{{.P99}}</td></tr>
+{{end}}</table>
+
+<h2>Targets</h2>
+<ul>{{range .R.Targets}}<li><span class="{{if eq .Status "met"}}met{{else}}notmet{{end}}">{{.Status}}</span> — {{.Name}}: {{.Got}} (want {{.Want}})</li>
+{{end}}</ul>
+{{if .R.Notes}}<h2>Notes</h2><ul>{{range .R.Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
+</body>
+</html>
+`))
+
+type row struct {
+	Scenario, Strategy, Decisions, Accuracy, Commands, Per1000, DPS, P50, P99 string
+}
+
+type legend struct{ Name, Color string }
+
+// WriteHTML writes one self-contained page: the charts are inline SVG and
+// the page loads nothing from anywhere.
+func (r *Report) WriteHTML(w io.Writer) error {
+	data := struct {
+		R        *Report
+		Legend   []legend
+		Scatter  []template.HTML
+		Series   []template.HTML
+		Rows     []row
+		BucketMS float64
+	}{R: r}
+	var scenarios, strategies []string
+	seen := map[string]bool{}
+	for _, res := range r.Scenarios {
+		if !seen["s:"+res.Scenario] {
+			seen["s:"+res.Scenario] = true
+			scenarios = append(scenarios, res.Scenario)
+		}
+		if !seen["t:"+res.Strategy] {
+			seen["t:"+res.Strategy] = true
+			strategies = append(strategies, res.Strategy)
+			data.Legend = append(data.Legend, legend{res.Strategy, color(res.Strategy)})
+		}
+		data.BucketMS = float64(res.BucketNS) / 1e6
+		data.Rows = append(data.Rows, row{
+			Scenario: res.Scenario, Strategy: res.Strategy, Decisions: human(res.Decisions),
+			Accuracy: fmt.Sprintf("%.3f (%s / %s)", res.Accuracy, human(res.Allowed), human(res.ReferenceAllowed)),
+			Commands: human(res.RedisCommands) + map[bool]string{true: " (client-counted)"}[res.RedisCountedBy == "client"],
+			Per1000:  sig(1000 * res.CommandsPerDecision), DPS: rate(res.DecisionsPerSec), P50: ns(res.P50), P99: ns(res.P99),
+		})
+	}
+	for _, sc := range scenarios {
+		var rs []*Result
+		for _, st := range strategies {
+			if res := r.Find(sc, st); res != nil {
+				rs = append(rs, res)
+			}
+		}
+		data.Scatter = append(data.Scatter, scatter(sc, rs, r.Representative))
+	}
+	for _, sc := range []string{"outage", "churn"} {
+		var rs []*Result
+		for _, st := range strategies {
+			if res := r.Find(sc, st); res != nil {
+				rs = append(rs, res)
+			}
+		}
+		if len(rs) > 0 {
+			data.Series = append(data.Series, timeSeries(sc, rs, r.Representative))
+		}
+	}
+	return page.Execute(w, data)
+}
+
+// esc escapes text for SVG inside HTML.
+func esc(s string) string { return template.HTMLEscapeString(s) }
+
+func title(s string, representative bool) string {
+	if !representative {
+		s += " (not representative)"
+	}
+	return s
+}
+
+// scatter draws one scenario's strategies: Redis commands per decision (log
+// x, with a lane for 0) against accuracy (y).
+func scatter(scenario string, rs []*Result, representative bool) template.HTML {
+	const w, h = 340, 260
+	const left, right, top, bottom = 48, 14, 28, 40
+	const zeroLane = 16 // px right of the plot's left edge for x = 0
+	lo, hi := -4.0, 1.0
+	yMax := 1.2
+	for _, r := range rs {
+		if c := r.CommandsPerDecision; c > 0 {
+			lo = math.Min(lo, math.Floor(math.Log10(c)))
+			hi = math.Max(hi, math.Ceil(math.Log10(c)))
+		}
+		yMax = math.Max(yMax, math.Ceil(r.Accuracy*10+0.5)/10)
+	}
+	x0 := float64(left + zeroLane + 30)
+	pw := float64(w-right) - x0
+	ph := float64(h - top - bottom)
+	px := func(c float64) float64 {
+		if c <= 0 {
+			return float64(left + zeroLane)
+		}
+		return x0 + (math.Log10(c)-lo)/(hi-lo)*pw
+	}
+	py := func(a float64) float64 { return float64(top) + (1-a/yMax)*ph }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg width="%d" height="%d" viewBox="0 0 %d %d" role="img">`, w, h, w, h)
+	fmt.Fprintf(&b, `<text class="title" x="%d" y="16">%s</text>`, left, esc(title(scenario, representative)))
+	// accuracy band and axes
+	fmt.Fprintf(&b, `<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="#e8f3e8"/>`, left, py(1.05), w-right-left, py(0.95)-py(1.05))
+	fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#9c9" stroke-dasharray="4 3"/>`, left, py(1), w-right, py(1))
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, top, left, h-bottom)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, h-bottom, w-right, h-bottom)
+	for a := 0.0; a <= yMax+1e-9; a += 0.2 {
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%.1f</text>`, left-4, py(a)+4, a)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, left+1, py(a), w-right, py(a))
+	}
+	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">0</text>`, left+zeroLane, h-bottom+14)
+	for e := lo; e <= hi; e++ {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">1e%d</text>`, px(math.Pow(10, e)), h-bottom+14, int(e))
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#eee"/>`, px(math.Pow(10, e)), top, px(math.Pow(10, e)), h-bottom)
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">Redis commands per decision</text>`, x0+pw/2, h-6)
+	fmt.Fprintf(&b, `<text transform="translate(12 %.1f) rotate(-90)" text-anchor="middle">accuracy</text>`, float64(top)+ph/2)
+	type box struct{ x0, x1, y float64 }
+	var placed []box
+	free := func(c box) bool {
+		for _, p := range placed {
+			if c.x0 < p.x1 && p.x0 < c.x1 && math.Abs(c.y-p.y) < 12 {
+				return false
+			}
+		}
+		return c.x0 >= 0 && c.x1 <= w
+	}
+	for _, r := range rs {
+		x, y := px(r.CommandsPerDecision), py(math.Max(0, math.Min(r.Accuracy, yMax)))
+		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="5" fill="%s" fill-opacity=".85"><title>%s: %.3g commands per decision, accuracy %.3f</title></circle>`,
+			x, y, color(r.Strategy), esc(r.Strategy), r.CommandsPerDecision, r.Accuracy)
+		// Put the label right of the point, else left, else lower down, so
+		// that points in one place stay readable.
+		lw := 6.5 * float64(len(r.Strategy))
+		var c box
+		anchor := "start"
+	search:
+		for dy := 0.0; dy < 120; dy += 12 {
+			for _, right := range []bool{true, false} {
+				if right {
+					c = box{x + 8, x + 8 + lw, y + 4 + dy}
+				} else {
+					c = box{x - 8 - lw, x - 8, y + 4 + dy}
+				}
+				if free(c) {
+					if !right {
+						anchor = "end"
+					}
+					break search
+				}
+			}
+		}
+		placed = append(placed, c)
+		tx := c.x0
+		if anchor == "end" {
+			tx = c.x1
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="%s" fill="%s">%s</text>`, tx, c.y, anchor, color(r.Strategy), esc(r.Strategy))
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // #nosec: every text is escaped above
+}
+
+// timeSeries draws the admitted rate over time of every strategy on one
+// scenario, with the reference dashed and its events marked.
+func timeSeries(scenario string, rs []*Result, representative bool) template.HTML {
+	const w, h = 1060, 320
+	const left, right, top, bottom = 56, 16, 30, 40
+	r0 := rs[0]
+	n := len(r0.RefSeries)
+	bucket := float64(r0.BucketNS) / 1e9
+	end := float64(r0.EndNS) / 1e9
+	yMax := 0.0
+	for _, r := range rs {
+		for _, v := range r.Series {
+			yMax = math.Max(yMax, float64(v)/bucket)
+		}
+	}
+	for _, v := range r0.RefSeries {
+		yMax = math.Max(yMax, float64(v)/bucket)
+	}
+	yMax = niceCeil(yMax * 1.05)
+	pw, ph := float64(w-left-right), float64(h-top-bottom)
+	px := func(t float64) float64 { return float64(left) + t/end*pw }
+	py := func(v float64) float64 { return float64(top) + (1-v/yMax)*ph }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg width="%d" height="%d" viewBox="0 0 %d %d" role="img">`, w, h, w, h)
+	fmt.Fprintf(&b, `<text class="title" x="%d" y="18">%s</text>`, left, esc(title(scenario+": admitted per second", representative)))
+	// event windows
+	var pause, kill, restart = -1.0, -1.0, -1.0
+	for _, e := range r0.Events {
+		t := float64(e.AtNS) / 1e9
+		switch e.Kind {
+		case "pause":
+			pause = t
+		case "kill":
+			kill = t
+		case "restart":
+			restart = t
+		default:
+			fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#555" stroke-dasharray="2 3"/>`, px(t), top, px(t), h-bottom)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s slot %d</text>`, px(t)+3, top+12, esc(e.Kind), e.Slot)
+		}
+	}
+	band := func(from, to float64, fill, label string) {
+		if from < 0 || to < from {
+			return
+		}
+		fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%.1f" fill="%s"/>`, px(from), top, px(to)-px(from), ph, fill)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`, px(from)+3, top+12, esc(label))
+	}
+	if pause >= 0 {
+		stop := kill
+		if stop < 0 {
+			stop = restart
+		}
+		band(pause, stop, "#fdebd0", "Redis paused")
+	}
+	if kill >= 0 {
+		band(kill, restart, "#f9d6d5", "Redis killed")
+	}
+	warm := float64(r0.WarmupNS) / 1e9
+	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="#f4f4f4"/>`, left, top, px(warm)-float64(left), ph)
+	fmt.Fprintf(&b, `<text x="%d" y="%d">warm-up</text>`, left+3, h-bottom-6)
+	// axes and grid
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, top, left, h-bottom)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, h-bottom, w-right, h-bottom)
+	yStep := niceCeil(yMax / 5)
+	for v := 0.0; v <= yMax+1e-9; v += yStep {
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, left-4, py(v)+4, rate(v))
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, left+1, py(v), w-right, py(v))
+	}
+	step := niceCeil(end / 10)
+	for t := 0.0; t <= end+1e-9; t += step {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%.3g s</text>`, px(t), h-bottom+14, t)
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">time since start</text>`, float64(left)+pw/2, h-6)
+	line := func(series []int, stroke, dash string, width float64, name string) {
+		var pts strings.Builder
+		for i := 0; i < n && i < len(series); i++ {
+			t := math.Min((float64(i)+0.5)*bucket, end)
+			fmt.Fprintf(&pts, "%.1f,%.1f ", px(t), py(float64(series[i])/bucket))
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%.1f" stroke-dasharray="%s" points="%s"><title>%s</title></polyline>`,
+			stroke, width, dash, strings.TrimSpace(pts.String()), esc(name))
+	}
+	for _, r := range rs {
+		line(r.Series, color(r.Strategy), "none", 1.8, r.Strategy)
+	}
+	line(r0.RefSeries, "#000", "5 4", 1.4, "exact reference")
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // #nosec: every text is escaped above
+}
+
+// niceCeil rounds v up to a round number: 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8
+// times a power of ten.
+func niceCeil(v float64) float64 {
+	if v <= 0 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10} {
+		if m*p >= v {
+			return m * p
+		}
+	}
+	return 10 * p
+}

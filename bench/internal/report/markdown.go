@@ -1,0 +1,123 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// WriteMarkdown writes the results table, the notes on strategies that fell
+// behind their schedule, and the target checks.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	if !r.Representative {
+		b.WriteString("**Not representative: every figure below was measured on an embedded in-process Redis (miniredis), " +
+			"with Redis commands counted by the clients.**\n\n")
+	}
+	note := ""
+	if !r.Representative {
+		note = " | note"
+	}
+	fmt.Fprintf(&b, "| scenario | strategy | decisions | allowed / reference | Redis commands | per 1000 decisions | decisions/s (closed loop) | p50 | p99%s |\n", note)
+	sep := "|---|---|--:|--:|--:|--:|--:|--:|--:|"
+	if !r.Representative {
+		sep += "---|"
+	}
+	b.WriteString(sep + "\n")
+	var behind []string
+	for _, res := range r.Scenarios {
+		dec := human(res.Decisions)
+		if res.Unprocessed > 0 || res.Late > res.Decisions/100 {
+			dec += " †"
+			behind = append(behind, fmt.Sprintf("%s / %s: %s of %s arrivals decided more than %s late, %s never decided "+
+				"(dropped when over %s late, or still owed at the end); lag p99 %s, max %s",
+				res.Scenario, res.Strategy, human(res.Late), human(res.Arrivals), ns(res.LateAfterNS), human(res.Unprocessed),
+				ns(res.ShedAfterNS), ns(res.LagP99), ns(res.LagMax)))
+		}
+		cmds := human(res.RedisCommands)
+		if res.RedisCountedBy == "client" {
+			cmds += " (client-counted)"
+		}
+		per1000 := "—"
+		if res.Decisions > 0 {
+			per1000 = sig(1000 * res.CommandsPerDecision)
+		}
+		row := fmt.Sprintf("| %s | %s | %s | %.3f (%s / %s) | %s | %s | %s | %s | %s |",
+			res.Scenario, res.Strategy, dec, res.Accuracy, human(res.Allowed), human(res.ReferenceAllowed),
+			cmds, per1000, rate(res.DecisionsPerSec), ns(res.P50), ns(res.P99))
+		if !r.Representative {
+			row += " not representative |"
+		}
+		b.WriteString(row + "\n")
+	}
+	b.WriteString("\n")
+	if len(behind) > 0 {
+		b.WriteString("† fell behind its open-loop schedule (one driver goroutine per instance decides arrivals in order; " +
+			"decisions took longer than the gaps between arrivals), so some arrivals were decided late or not at all:\n\n")
+		for _, s := range behind {
+			b.WriteString("- " + s + "\n")
+		}
+		b.WriteString("\n")
+	}
+	if h := r.Find("outage", Hybrid); h != nil {
+		b.WriteString("Outage window (Redis paused, then killed, until it is back):\n\n")
+		b.WriteString("| strategy | decisions | allowed / reference | p50 | p99 |\n|---|--:|--:|--:|--:|\n")
+		for _, res := range r.Scenarios {
+			if res.Scenario != "outage" {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.3f (%s / %s) | %s | %s |\n", res.Strategy, human(res.OutageDecisions),
+				ratio(float64(res.OutageAllowed), float64(res.OutageReference)), human(res.OutageAllowed), human(res.OutageReference),
+				ns(res.OutageP50), ns(res.OutageP99))
+		}
+		b.WriteString("\n")
+	}
+	done := map[string]bool{}
+	for _, first := range r.Scenarios {
+		if len(first.KeyBands) == 0 || done[first.Scenario] {
+			continue
+		}
+		done[first.Scenario] = true
+		fmt.Fprintf(&b, "Accuracy by key popularity on %s (%s keys had arrivals in the measured window):\n\n",
+			first.Scenario, human(int64(first.DistinctKeys)))
+		b.WriteString("| strategy | popularity ranks | arrivals | allowed / reference |\n|---|---|--:|--:|\n")
+		for _, res := range append(append([]Result(nil), r.Scenarios...), r.Baselines...) {
+			if res.Scenario != first.Scenario {
+				continue
+			}
+			for _, kb := range res.KeyBands {
+				fmt.Fprintf(&b, "| %s | %d–%d | %s | %.3f (%s / %s) |\n", res.Strategy, kb.First, kb.Last, human(kb.Arrivals),
+					kb.Accuracy, human(kb.Allowed), human(kb.ReferenceAllowed))
+			}
+		}
+		b.WriteString("\n")
+	}
+	if len(r.Baselines) > 0 {
+		b.WriteString("Latency baseline: no library, a map of bare `x/time/rate` limiters under a mutex per instance (rate/N each), " +
+			"driven exactly like the strategies above:\n\n")
+		b.WriteString("| scenario | decisions | allowed / reference | p50 | p99 |\n|---|--:|--:|--:|--:|\n")
+		for _, res := range r.Baselines {
+			fmt.Fprintf(&b, "| %s | %s | %.3f (%s / %s) | %s | %s |\n", res.Scenario, human(res.Decisions),
+				res.Accuracy, human(res.Allowed), human(res.ReferenceAllowed), ns(res.P50), ns(res.P99))
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "Hybrid timing: tick %s, contended TTL %s, uncontended TTL %s, Redis timeout %s, idle after %s.\n\n",
+		r.Hybrid.Tick, r.Hybrid.ContendedTTL, r.Hybrid.UncontendedTTL, r.Hybrid.RedisTimeout, r.Hybrid.IdleAfter)
+	b.WriteString("Targets:\n\n")
+	for _, t := range r.Targets {
+		got := t.Got
+		if got == "" {
+			got = "—"
+		}
+		fmt.Fprintf(&b, "- **%s** — %s: %s (want %s)\n", t.Status, t.Name, got, t.Want)
+	}
+	if len(r.Notes) > 0 {
+		b.WriteString("\n")
+		for _, n := range r.Notes {
+			b.WriteString("- " + n + "\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

@@ -1,0 +1,440 @@
+// Command bench measures, side by side in one run, what hybridlimit saves
+// and what it costs: Redis commands per decision, accuracy against an exact
+// limiter, decision latency and decisions per second, for four strategies
+// fed identical arrivals:
+//
+//   - local: hybridlimit in Local mode, rate/N per instance, no Redis;
+//   - global: hybridlimit in Global mode, one token-bucket script per
+//     decision (the classic design);
+//   - hybrid: hybridlimit in Hybrid mode, rate leases;
+//   - redis_rate: github.com/go-redis/redis_rate, one GCRA script per
+//     decision (what a Go user picks today); it fails open on errors.
+//
+// Scenarios (four in-process instances, each with its own Redis client):
+// balanced, skewed, keys, hotkey, outage and churn; see package
+// bench/internal/workload. Arrivals are open-loop; a separate closed-loop
+// run measures the most decisions per second.
+//
+// Usage:
+//
+//	go run ./bench [-quick] [-json FILE] [-html FILE] [-redis ADDR | -embedded]
+//
+// By default the bench starts its own redis-server (from PATH) on a free
+// port of 127.0.0.1; it exits with status 2 if there is none. -embedded runs
+// against an in-process Redis instead, and every figure is then labelled not
+// representative. The markdown table and the target checks go to standard
+// output, a progress line to standard error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/bench/internal/redisproc"
+	"github.com/hybridlimit/hybridlimit/bench/internal/report"
+	"github.com/hybridlimit/hybridlimit/bench/internal/workload"
+	"github.com/hybridlimit/hybridlimit/hybrid"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit statuses of run.
+const (
+	exitOK    = 0
+	exitError = 1 // the bench could not complete
+	exitUsage = 2 // bad flags, or no redis-server to run against
+)
+
+type options struct {
+	quick, embedded, poisson bool
+	redis, json, html        string
+	scale                    float64
+	seed                     uint64
+	workers                  int
+	scenarios, strategies    []string
+	// Hybrid timings; zero means the library's default.
+	tick, contendedTTL, uncontendedTTL, redisTimeout time.Duration
+}
+
+// tune applies the hybrid timing flags to a Config.
+func (o options) tune(c *hybrid.Config) {
+	for _, f := range []struct {
+		dst *time.Duration
+		v   time.Duration
+	}{{&c.Tick, o.tick}, {&c.ContendedTTL, o.contendedTTL}, {&c.UncontendedTTL, o.uncontendedTTL}, {&c.RedisTimeout, o.redisTimeout}} {
+		if f.v != 0 {
+			*f.dst = f.v
+		}
+	}
+}
+
+func parse(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\n"+
+			"Runs every scenario with every strategy on identical arrivals and prints a markdown table\n"+
+			"with the target checks. By default it starts its own redis-server from PATH.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	fs.BoolVar(&o.quick, "quick", false, "short runs: the whole bench in under a minute on 2 cores")
+	fs.BoolVar(&o.embedded, "embedded", false, "run against an in-process Redis (miniredis); figures are not representative")
+	fs.StringVar(&o.redis, "redis", "", "`ADDR` of an existing Redis to use instead of starting one (never flushed; the outage scenario is skipped)")
+	fs.StringVar(&o.json, "json", "", "write the results as JSON to `FILE`")
+	fs.StringVar(&o.html, "html", "", "write a self-contained HTML page with charts to `FILE`")
+	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration by `F` (below 1 for a faster, noisier run)")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the arrival schedules")
+	fs.BoolVar(&o.poisson, "poisson", false, "Poisson arrivals instead of evenly spaced ones")
+	fs.IntVar(&o.workers, "workers", 2, "closed-loop goroutines per instance")
+	fs.DurationVar(&o.tick, "tick", 0, "hybrid Config.Tick, the lease loop's period (0: the library default, 50ms)")
+	fs.DurationVar(&o.contendedTTL, "contended-ttl", 0, "hybrid Config.ContendedTTL (0: the library default, 600ms)")
+	fs.DurationVar(&o.uncontendedTTL, "uncontended-ttl", 0, "hybrid Config.UncontendedTTL (0: the library default, 5s)")
+	fs.DurationVar(&o.redisTimeout, "redis-timeout", 0, "hybrid Config.RedisTimeout, also the bound of every redis_rate call (0: the library default, 150ms)")
+	scen := fs.String("scenarios", "", "comma-separated subset of scenarios to run (default all)")
+	strat := fs.String("strategies", "", "comma-separated subset of strategies to run (default all)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.embedded && o.redis != "" {
+		return o, errors.New("-embedded and -redis exclude each other")
+	}
+	if !(o.scale > 0) || o.scale > 100 {
+		return o, fmt.Errorf("-scale %v: want a positive factor up to 100", o.scale)
+	}
+	if o.workers < 1 {
+		return o, fmt.Errorf("-workers %d: want at least 1", o.workers)
+	}
+	// Let the library judge the timings, with a limit that needs no Redis.
+	cfg := hybrid.DefaultConfig(nil, nil, hybrid.Limit{Name: "x", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal})
+	o.tune(&cfg)
+	l, err := hybrid.New(cfg)
+	if err != nil {
+		return o, err
+	}
+	_ = l.Close(context.Background())
+	var all []string
+	for _, s := range workload.Scenarios(workload.QuickTiming()) {
+		all = append(all, s.Name)
+	}
+	if o.scenarios, err = subset(*scen, all, "scenario"); err != nil {
+		return o, err
+	}
+	if o.strategies, err = subset(*strat, strategies, "strategy"); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// subset parses a comma-separated list of names from all; empty means all.
+func subset(list string, all []string, what string) ([]string, error) {
+	if list == "" {
+		return all, nil
+	}
+	var out []string
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if !slices.Contains(all, name) {
+			return nil, fmt.Errorf("unknown %s %q: choose from %s", what, name, strings.Join(all, ", "))
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// run is the bench program; it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parse(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return exitUsage
+	}
+	started := time.Now()
+	// go-redis logs every failed dial; in the outage scenario that is by
+	// design, and the figures say what happened.
+	redis.SetLogger(quiet{})
+
+	b, err := openBackend(ctx, o)
+	if errors.Is(err, redisproc.ErrNotFound) {
+		fmt.Fprintf(stderr, "bench: no redis-server on PATH: install it (Debian: apt-get install redis-server), "+
+			"or point the bench at a running Redis with -redis ADDR, or run -embedded against an in-process one "+
+			"(figures not representative)\n")
+		return exitUsage
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return exitError
+	}
+	defer b.close()
+
+	rep, err := bench(ctx, o, b, started, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return exitError
+	}
+	if err := rep.WriteMarkdown(stdout); err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return exitError
+	}
+	for _, out := range []struct {
+		path  string
+		write func(io.Writer) error
+	}{{o.json, rep.WriteJSON}, {o.html, rep.WriteHTML}} {
+		if out.path == "" {
+			continue
+		}
+		if err := writeFile(out.path, out.write); err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+			return exitError
+		}
+	}
+	return exitOK
+}
+
+// quiet is a go-redis logger that drops everything.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// openBackend starts or connects to the Redis the run measures against.
+func openBackend(ctx context.Context, o options) (backend, error) {
+	switch {
+	case o.embedded:
+		return newEmbedded()
+	case o.redis != "":
+		return newExternal(ctx, o.redis)
+	}
+	dir, err := os.MkdirTemp("", "hybridlimit-bench-")
+	if err != nil {
+		return nil, err
+	}
+	srv, err := redisproc.Start(ctx, dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return &ownDir{own{srv}, dir}, nil
+}
+
+// ownDir is an own server whose working directory goes with it.
+type ownDir struct {
+	own
+	dir string
+}
+
+func (o *ownDir) close() {
+	o.own.close()
+	_ = os.RemoveAll(o.dir)
+}
+
+// bench runs every scenario with every strategy, then the closed loops.
+func bench(ctx context.Context, o options, b backend, started time.Time, stderr io.Writer) (*report.Report, error) {
+	timing := workload.DefaultTiming()
+	if o.quick {
+		timing = workload.QuickTiming()
+	}
+	timing = timing.Scale(o.scale)
+	arrivals := "evenly spaced"
+	if o.poisson {
+		arrivals = "Poisson"
+	}
+	rep := &report.Report{
+		Redis: b.describe(ctx), RedisKind: b.kind(), Representative: b.kind() != "embedded",
+		Quick: o.quick, Scale: o.scale, Arrivals: arrivals, Seed: o.seed,
+		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(),
+		Started: started, ClockNS: clockOverhead(),
+	}
+	hc := hybrid.DefaultConfig(nil, nil)
+	o.tune(&hc)
+	rep.Hybrid = report.HybridConfig{Tick: hc.Tick.String(), ContendedTTL: hc.ContendedTTL.String(),
+		UncontendedTTL: hc.UncontendedTTL.String(), RedisTimeout: hc.RedisTimeout.String(), IdleAfter: hc.IdleAfter.String()}
+
+	var scenarios []workload.Scenario
+	for _, sc := range workload.Scenarios(timing) {
+		if !slices.Contains(o.scenarios, sc.Name) {
+			continue
+		}
+		if _, _, outage := sc.Window(); outage && !b.outage() {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("scenario %s skipped: it pauses and kills Redis, which the bench does only to a Redis it started itself", sc.Name))
+			continue
+		}
+		scenarios = append(scenarios, sc)
+	}
+	shapes := closedShapes(timing, o.seed)
+	var baselines []workload.Scenario
+	for _, sc := range scenarios {
+		switch sc.Name {
+		case workload.Balanced, workload.Keys, workload.Hotkey:
+			baselines = append(baselines, sc)
+		}
+	}
+	p := newProgress(stderr, started, (len(scenarios)+len(shapes))*len(o.strategies)+len(baselines))
+	defer p.done()
+
+	var sent atomic.Int64
+	runs := 0
+	newSetup := func(strategy string, rate float64, burst int) *setup {
+		runs++
+		return &setup{strategy: strategy, backend: b, rate: rate, burst: burst, sent: &sent, tune: o.tune, timeout: hc.RedisTimeout,
+			prefix: fmt.Sprintf("hlbench:%d:%d:%d", os.Getpid(), started.UnixNano()%1e6, runs)}
+	}
+	reset := func() error {
+		runtime.GC() // start every run with a clean heap, not the last run's garbage
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := b.reset(cctx); err != nil {
+			return fmt.Errorf("flushing Redis between runs: %w", err)
+		}
+		return nil
+	}
+
+	for _, sc := range scenarios {
+		arr := sc.Arrivals(o.seed, o.poisson)
+		ol := openLoop{sc: sc, arrivals: arr, ref: sc.Reference(arr), keys: sc.KeyNames(),
+			grace: max(sc.Measure/20, 10*time.Millisecond), shedAfter: max(sc.Measure/10, 20*time.Millisecond)}
+		for _, st := range o.strategies {
+			p.next(sc.Name + " / " + st)
+			if err := reset(); err != nil {
+				return nil, err
+			}
+			ol.setup = newSetup(st, sc.Rate, sc.Burst)
+			res, err := ol.run(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("%s / %s: %w", sc.Name, st, err)
+			}
+			rep.Scenarios = append(rep.Scenarios, res)
+		}
+	}
+	for _, sc := range baselines {
+		p.next(sc.Name + " / " + bare + " (latency baseline)")
+		arr := sc.Arrivals(o.seed, o.poisson)
+		ol := openLoop{sc: sc, arrivals: arr, ref: sc.Reference(arr), keys: sc.KeyNames(),
+			grace: max(sc.Measure/20, 10*time.Millisecond), shedAfter: max(sc.Measure/10, 20*time.Millisecond)}
+		runtime.GC()
+		ol.setup = newSetup(bare, sc.Rate, sc.Burst)
+		res, err := ol.run(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s / %s: %w", sc.Name, bare, err)
+		}
+		rep.Baselines = append(rep.Baselines, res)
+	}
+	for _, sh := range shapes {
+		for _, st := range o.strategies {
+			p.next("closed loop, " + sh.shape + " / " + st)
+			if err := reset(); err != nil {
+				return nil, err
+			}
+			cl := sh
+			cl.setup = newSetup(st, sh.rate, sh.burst)
+			cl.workers = o.workers
+			res, err := cl.run(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("closed loop %s / %s: %w", sh.shape, st, err)
+			}
+			rep.ClosedLoop = append(rep.ClosedLoop, res)
+		}
+	}
+	for i := range rep.Scenarios {
+		res := &rep.Scenarios[i]
+		res.ClosedLoopShape = shapeOne
+		if res.Keys > 1 {
+			res.ClosedLoopShape = shapeKeys
+		}
+		for _, c := range rep.ClosedLoop {
+			if c.Strategy == res.Strategy && c.Shape == res.ClosedLoopShape {
+				res.DecisionsPerSec = c.DecisionsPerSec
+			}
+		}
+	}
+	rep.WallSeconds = time.Since(started).Seconds()
+	rep.Finish()
+	rep.CheckTargets()
+	rep.Notes = append(rep.Notes,
+		fmt.Sprintf("Latencies are of every decision in the measured window and include two clock reads (about %d ns here).", rep.ClockNS),
+		fmt.Sprintf("decisions/s is a separate closed-loop run: %d goroutines per instance deciding back to back on one key (limit 1000/s) or on the keys scenario's Zipf keys.", o.workers),
+		"redis_rate admits a request when Redis cannot answer (fails open); local, global and hybrid use the FailLocal outage policy.",
+		"Accuracy, decisions and Redis commands cover the measured window, after a warm-up; the reference is one exact token bucket per key fed the merged arrivals of all instances.",
+	)
+	if rep.RedisKind != "embedded" {
+		rep.Notes = append(rep.Notes, "Redis commands are counted by the server (INFO commandstats), without the bench's own INFO, FLUSHALL, CLIENT PAUSE, PING and HELLO, nor the commands scripts run (reported apart in the JSON).")
+	}
+	return rep, nil
+}
+
+// Closed-loop shapes.
+const (
+	shapeOne  = "one key"
+	shapeKeys = "keys"
+)
+
+// closedShapes returns the closed-loop runs to make for each strategy: one
+// hot key with the balanced scenario's limit, and the keys scenario's Zipf
+// keys and limit.
+func closedShapes(t workload.Timing, seed uint64) []closedLoop {
+	var out []closedLoop
+	for _, sc := range workload.Scenarios(t) {
+		switch sc.Name {
+		case workload.Balanced:
+			out = append(out, closedLoop{shape: shapeOne, instances: sc.Instances, keys: sc.KeyNames(),
+				seq: []int32{0}, rate: sc.Rate, burst: sc.Burst, warm: t.ClosedLoop / 4, dur: t.ClosedLoop})
+		case workload.Keys:
+			r := rand.New(rand.NewPCG(seed, 99))
+			z := rand.NewZipf(r, sc.ZipfS, 1, uint64(sc.Keys-1))
+			seq := make([]int32, 1<<16)
+			for i := range seq {
+				seq[i] = int32(z.Uint64())
+			}
+			out = append(out, closedLoop{shape: shapeKeys, instances: sc.Instances, keys: sc.KeyNames(),
+				seq: seq, rate: sc.Rate, burst: sc.Burst, warm: t.ClosedLoop / 4, dur: t.ClosedLoop})
+		}
+	}
+	return out
+}
+
+// clockOverhead is the median cost of a timed empty section: the two clock
+// reads that every measured decision includes.
+func clockOverhead() int64 {
+	d := make([]time.Duration, 10001)
+	for i := range d {
+		t0 := time.Now()
+		d[i] = time.Since(t0)
+	}
+	return pct(d, 0.5)
+}

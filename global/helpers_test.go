@@ -118,8 +118,8 @@ func waterFill(rate float64, wants []float64) []float64 {
 // fairSplit is what the lease script grants each of n instances with the
 // given wants once every instance has renewed: the max-min fair split when
 // the wants exceed rate; otherwise each want, plus an n-th of what nobody
-// wants once the key is no longer young. A want of 0 (a release) is granted
-// 0.
+// wants once the key is no longer young (while it is, that share only up to
+// rate/n). A want of 0 (a release) is granted 0.
 func fairSplit(rate float64, wants []float64, n int, young bool) []float64 {
 	sum := 0.0
 	for _, w := range wants {
@@ -132,7 +132,7 @@ func fairSplit(rate float64, wants []float64, n int, young bool) []float64 {
 	for i, w := range wants {
 		switch {
 		case w > 0 && young:
-			out[i] = w
+			out[i] = max(w, min(rate/float64(n), w+(rate-sum)/float64(max(n, len(wants)))))
 		case w > 0:
 			out[i] = w + (rate-sum)/float64(max(n, len(wants)))
 		}

@@ -125,6 +125,13 @@ local young = born ~= nil and now - born < cold
 if level == nil and want > 0 and not young then
   fair = want + left / math.max(n, #wants)
 end
+-- Uncontended, a young key's instance still gets what nobody wants on top
+-- of its want up to its default share rate/N, so that a lease does not
+-- leave a sparse key worse off than rate/N would (its burst follows its
+-- rate).
+if level == nil and want > 0 then
+  fair = math.max(fair, math.min(rate / n, want + left / math.max(n, #wants)))
+end
 
 local granted = math.min(fair, rate - others)
 if granted < 0 or want == 0 then granted = 0 end

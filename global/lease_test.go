@@ -40,12 +40,13 @@ func TestLeaseSingle(t *testing.T) {
 		demand    float64
 		contended bool
 	}{
-		// A young key (Cold defaults to TTL): no surplus on top of the want.
-		{"alone wants less than rate", 1, 30, 30, 30, false},
+		// Uncontended and young: the want plus what nobody wants, up to
+		// the default share rate/N.
+		{"alone wants less than rate", 1, 30, 100, 30, false},
 		{"alone wants the rate", 1, 100, 100, 100, false},
 		{"alone wants more than rate", 1, 250, 100, 250, true},
 		{"cold of four wants everything", 4, 100, 25, 175, true},
-		{"cold of four wants little", 4, 10, 10, 85, false},
+		{"cold of four wants little", 4, 10, 13.75, 85, false},
 		{"cold of two wants more", 2, 80, 50, 130, true},
 	}
 	srv := redistest.Start(t)
@@ -319,8 +320,8 @@ func TestLeaseNoScript(t *testing.T) {
 			t.Fatalf("round %d: Lease after SCRIPT FLUSH: %v", round, err)
 		}
 		for i, l := range out {
-			// Alone, uncontended and young: the want.
-			if l.Err != nil || !approx(l.Granted, 1) {
+			// Alone and uncontended: at least rate/N, here all of it.
+			if l.Err != nil || !approx(l.Granted, 10) {
 				t.Fatalf("round %d: out[%d] = %+v", round, i, l)
 			}
 		}
@@ -412,8 +413,8 @@ func TestLeaseUniversalClient(t *testing.T) {
 	if err := store.Lease(context.Background(), reqs, out); err != nil {
 		t.Fatalf("Lease: %v", err)
 	}
-	if !approx(out[0].Granted, 3) || out[0].Contended || !approx(out[1].Granted, 10) || !out[1].Contended || out[0].Err != nil || out[1].Err != nil {
-		t.Errorf("Lease = %+v, want grants 3 (uncontended, young) and 10 (contended)", out)
+	if !approx(out[0].Granted, 10) || out[0].Contended || !approx(out[1].Granted, 10) || !out[1].Contended || out[0].Err != nil || out[1].Err != nil {
+		t.Errorf("Lease = %+v, want grants 10 (uncontended: rate/N) and 10 (contended)", out)
 	}
 	if _, err := store.TakeN(context.Background(), "u", "a", 1, 1, 1); err != nil {
 		t.Errorf("TakeN: %v", err)
@@ -441,8 +442,8 @@ func TestLeaseWrongType(t *testing.T) {
 		t.Errorf("out[1].Err = %v, want WRONGTYPE", out[1].Err)
 	}
 	for _, i := range []int{0, 2} {
-		if out[i].Err != nil || !approx(out[i].Granted, 1) {
-			t.Errorf("out[%d] = %+v, want granted 1", i, out[i])
+		if out[i].Err != nil || !approx(out[i].Granted, 10) {
+			t.Errorf("out[%d] = %+v, want granted 10", i, out[i])
 		}
 	}
 	if err := store.Release(ctx, reqs); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
@@ -504,9 +505,9 @@ func TestLeaseInvalid(t *testing.T) {
 	}
 }
 
-// TestLeaseSurplusOnceSettled: once a key is older than Cold, an
-// uncontended instance gets its want plus an N-th of what nobody wants, and
-// a key one instance uses alone on a single instance gets the whole rate.
+// TestLeaseSurplusOnceSettled: an uncontended instance gets its want plus
+// an N-th of what nobody wants: up to rate/N while the key is young, in
+// full once it is older than Cold.
 func TestLeaseSurplusOnceSettled(t *testing.T) {
 	srv := redistest.Start(t)
 	store := global.New(srv.Client(t), "")
@@ -514,17 +515,18 @@ func TestLeaseSurplusOnceSettled(t *testing.T) {
 		return global.LeaseRequest{Limit: "s", Key: fmt.Sprint("k", n), Instance: inst, Want: want, Rate: 100,
 			Instances: n, TTL: 10 * time.Second, Cold: time.Microsecond}
 	}
-	// The first call creates the hash: young, so the want alone.
-	if got := lease(t, store, req("a", 10, 1)); !approx(got.Granted, 10) {
-		t.Fatalf("young key: granted %v, want 10", got.Granted)
+	// The first call creates the hash: young, so the want plus what nobody
+	// wants (the three instances not seen yet are counted at 25 each) up
+	// to rate/N.
+	if got := lease(t, store, req("a", 10, 4)); !approx(got.Granted, 10+15/4.0) {
+		t.Fatalf("young key: granted %v, want %v", got.Granted, 10+15/4.0)
 	}
-	eventually(t, "the whole rate once the key is no longer young", func() bool {
-		return approx(lease(t, store, req("a", 10, 1)).Granted, 100)
+	eventually(t, "want plus a quarter of the rest once the key is no longer young", func() bool {
+		return approx(lease(t, store, req("a", 10, 4)).Granted, 10+90/4.0)
 	})
-	// Four instances, two asking: each gets its want plus a quarter of the
-	// rest, so two quarters stay free for the other two.
-	lease(t, store, req("a", 10, 4))
-	eventually(t, "want plus an N-th of the rest", func() bool {
-		return approx(lease(t, store, req("b", 30, 4)).Granted, 30+(100-40)/4.0)
-	})
+	// Two asking: each gets its want plus a quarter of the rest, so two
+	// quarters stay free for the other two.
+	if got := lease(t, store, req("b", 30, 4)); !approx(got.Granted, 30+(100-40)/4.0) {
+		t.Fatalf("second instance: granted %v, want %v", got.Granted, 30+(100-40)/4.0)
+	}
 }

@@ -56,8 +56,10 @@ type load struct {
 	keys     []string
 	perInst  []float64 // arrivals per second on each instance
 	duration time.Duration
-	// during, if set, runs once at half time (fault injection).
-	during func()
+	// during, if set, runs once at duringAt, or at half time if that is 0
+	// (fault injection).
+	during   func()
+	duringAt time.Duration
 }
 
 // outcome records what happened to every arrival.
@@ -132,7 +134,11 @@ func drive(t *testing.T, inst []*hybrid.Limiter, ld load) outcome {
 		}()
 	}
 	if ld.during != nil {
-		time.Sleep(ld.duration / 2) // schedule the fault at half time
+		at := ld.duringAt
+		if at == 0 {
+			at = ld.duration / 2
+		}
+		time.Sleep(at) // schedules the fault; waits for nothing
 		ld.during()
 	}
 	wg.Wait()

@@ -36,6 +36,7 @@ type Limiter struct {
 	quit      chan struct{} // closed by Close to stop the loop
 	done      chan struct{} // closed by the loop when it returns
 	answered  time.Time     // owned by the loop: when Redis last answered a request
+	resettle  atomic.Bool   // N changed: shares will move, settled leases renew now
 	stopWatch func()
 
 	peakMu  sync.Mutex
@@ -394,6 +395,7 @@ func (l *Limiter) onPeers(n int) {
 	l.samples = append(l.samples, peerSample{now, n})
 	l.peakMu.Unlock()
 	l.m.peers.Set(float64(n))
+	l.resettle.Store(true)
 	l.log.Info("hybridlimit: instance count changed", "instances", n)
 	for _, ls := range l.order {
 		l.resplit(ls, now)

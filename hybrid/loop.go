@@ -142,6 +142,18 @@ func (l *Limiter) loop() {
 func (l *Limiter) tick(now time.Time, b *batch) {
 	b.reset()
 	n := l.members.Count()
+	if l.resettle.Swap(false) {
+		// The instance count changed: every share is about to move, so
+		// leases that had settled into long renewals renew now.
+		for _, ls := range l.order {
+			for _, le := range ls.leases {
+				if le.stable > 0 {
+					le.stable = 0
+					le.renewAt = now
+				}
+			}
+		}
+	}
 	probe := false
 	for _, ls := range l.order {
 		b.evicted = ls.loc.EvictIdle(now, l.cfg.IdleAfter, b.evicted[:0])
@@ -244,20 +256,25 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		}
 		if le.requested && now.Sub(st.LastSeen) >= l.cfg.UncontendedTTL/2 {
 			// Idle for as long as an uncontended lease lasts between
-			// renewals: give the share back instead of renewing it until
-			// the key is evicted. The key runs at its default share again,
-			// and asks anew when it is used. (Releasing sooner would make
-			// keys with a request or two per renewal flap between a lease
-			// and their default share.)
-			b.add(ls, nil, l.request(ls, st.Key, 0, n, l.cfg.ContendedTTL))
+			// renewals: stop renewing. A contended key gives its share back
+			// at once, for the others; an uncontended one lets its lease
+			// run out, which costs no command. The key runs at its default
+			// share again, and asks anew when it is used. (Letting go
+			// sooner would make keys with a request or two per renewal
+			// flap between a lease and their default share.)
+			if le.contended {
+				b.add(ls, nil, l.request(ls, st.Key, 0, n, l.cfg.ContendedTTL))
+			}
 			le.requested, le.held, le.granted = false, false, 0
 			ls.loc.Unassign(now, st.Key)
 			continue
 		}
 		want := max(le.demand(now, st, ls.Rate/float64(n))*headroom, ls.Rate*minWantFraction)
 		le.record(now, st.Attempted)
+		// A key's first lease is asked for as uncontended: most keys are,
+		// and a contended one renews two ticks later anyway.
 		ttl := l.cfg.UncontendedTTL
-		if !le.requested || le.contended {
+		if le.requested && le.contended {
 			// A contended lease whose share has settled (settleAfter
 			// renewals in a row changed nothing) doubles its lifetime at
 			// each further one, up to an uncontended lease's: Redis commands
@@ -292,9 +309,9 @@ func (l *Limiter) renew(now time.Time, b *batch) {
 	if err != nil {
 		// Nothing in the batch got an answer. Each key of it follows its
 		// policy once its lease runs out; the limits as a whole degrade when
-		// nothing has answered for a lease's lifetime, so that a batch that
-		// happened to hold only keys of one dead Cluster node does not
-		// degrade the keys of the live ones.
+		// nothing has answered for a while, so that a batch that happened
+		// to hold only keys of one dead Cluster node does not degrade the
+		// keys of the live ones.
 		for i, r := range b.refs {
 			r.ls.m.redisErrors.Inc()
 			if r.le != nil {
@@ -302,7 +319,14 @@ func (l *Limiter) renew(now time.Time, b *batch) {
 				l.setKeyFailed(r.ls, b.reqs[i].Key, r.le, true, err)
 			}
 		}
-		if now.Sub(l.answered) >= l.cfg.ContendedTTL {
+		// Every live key renews within UncontendedTTL/2, so that long
+		// without an answer means Redis is gone, not just the nodes of the
+		// keys in this batch; a PING that some node answers says the same.
+		quiet := l.cfg.UncontendedTTL/2 + l.cfg.Tick
+		if now.Sub(l.answered) >= quiet && l.ping() == nil {
+			l.answered = time.Now()
+		}
+		if now.Sub(l.answered) >= quiet {
 			for _, ls := range l.order {
 				if ls.Mode != Local {
 					l.setDegraded(ls, true, err)
@@ -397,11 +421,7 @@ func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseReq
 // probe checks whether Redis is back, for Global limits that are degraded
 // and have no lease traffic to tell.
 func (l *Limiter) probe() {
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
-	defer cancel()
-	pipe := l.cfg.Redis.Pipeline()
-	pipe.Ping(ctx)
-	_, err := pipe.Exec(ctx)
+	err := l.ping()
 	if err == nil {
 		l.answered = time.Now()
 	}
@@ -415,6 +435,16 @@ func (l *Limiter) probe() {
 			}
 		}
 	}
+}
+
+// ping sends one PING, bounded by RedisTimeout.
+func (l *Limiter) ping() error {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
+	defer cancel()
+	pipe := l.cfg.Redis.Pipeline()
+	pipe.Ping(ctx)
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // releaseAll releases every lease this instance holds in one pipeline and

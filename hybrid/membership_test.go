@@ -197,6 +197,9 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 			Members:    in.members,
 			Limits:     []hybrid.Limit{{Name: limit, Rate: limitRate, Burst: limitBurst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}},
 			PeakWindow: peakWindow,
+			// Short leases: the limit degrades about UncontendedTTL/2 after
+			// Redis stops answering.
+			UncontendedTTL: time.Second,
 		})
 		// Watchers run in registration order on one goroutine, so when this
 		// one sees a count the Limiter's callback has returned.

@@ -115,7 +115,10 @@ func TestOutagePolicies(t *testing.T) {
 				{Name: "global", Rate: rate, Burst: burst, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
 			}
 			names := []string{"local", "open", "closed", "global"}
-			inst := cluster(t, srv, 2, nil, limits...)
+			// Leases at most 2 s long, so that they run out well within the
+			// 4 s pause.
+			const longest = 2 * time.Second
+			inst := cluster(t, srv, 2, func(c *hybrid.Config) { c.UncontendedTTL = longest }, limits...)
 			h := startHammer(t, inst, names, keys(4), "global")
 
 			normal := map[string]hybrid.Source{"local": hybrid.SourceLease, "open": hybrid.SourceLease,
@@ -131,7 +134,9 @@ func TestOutagePolicies(t *testing.T) {
 			}
 			degraded := map[string]hybrid.Source{"local": hybrid.SourceLocal, "open": hybrid.SourceFailOpen,
 				"closed": hybrid.SourceFailClosed, "global": hybrid.SourceFailClosed}
-			eventually(t, 3*time.Second, "every limit follows its policy", func() bool {
+			// Leases run out within UncontendedTTL (settled ones last that
+			// long); then the policies are in force.
+			eventually(t, longest+time.Second, "every limit follows its policy", func() bool {
 				if !h.sourcesAre(degraded) {
 					return false
 				}
@@ -208,7 +213,7 @@ func TestFlushMidRun(t *testing.T) {
 			per := []float64{1.8 * rate, 0.2 * rate / 3, 0.2 * rate / 3, 0.2 * rate / 3}
 			var at time.Duration
 			start := time.Now()
-			o := drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: per, duration: 7 * time.Second, during: func() {
+			o := drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: per, duration: 8 * time.Second, duringAt: 2 * time.Second, during: func() {
 				at = time.Since(start)
 				switch fault {
 				case "flushall":
@@ -231,9 +236,10 @@ func TestFlushMidRun(t *testing.T) {
 					t.Errorf("%d admitted in a %v window, bound %.0f (flush at %v)", got, w, bound, at)
 				}
 			}
-			// Leases are back after the flush: the last second (2.5 s after
-			// it, by when every lease has been renewed once, settled ones
-			// included) is decided on leases, and admits about the rate.
+			// Leases are back after the flush: the last second (5 s after it,
+			// by when every instance has renewed twice, settled and
+			// uncontended leases included) is decided on leases, and admits
+			// about the rate.
 			last := o.admitted["k"][len(o.admitted["k"])-1] - time.Second
 			if got := since(o.admitted["k"], last); float64(got) < 0.9*rate {
 				t.Errorf("last second after the flush admitted %d, want about %v", got, rate)

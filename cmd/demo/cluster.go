@@ -26,7 +26,7 @@ import (
 const (
 	tick           = 50 * time.Millisecond
 	contendedTTL   = 600 * time.Millisecond
-	uncontendedTTL = 2 * time.Second
+	uncontendedTTL = 1 * time.Second
 	redisTimeout   = 100 * time.Millisecond
 	// clientTimeout bounds every step of the go-redis client, so that
 	// nothing hangs on a Redis that is down.

@@ -361,7 +361,7 @@ func (d *demo) enter(ctx context.Context, p phaseKind) string {
 		d.balance()
 		d.mark = time.Now()
 		d.mr.Stop()
-		return fmt.Sprintf("Redis is stopped; when their leases run out (within %v) the limits follow their on_outage policies", contendedTTL)
+		return fmt.Sprintf("Redis is stopped; when their leases run out (within %v) the limits follow their on_outage policies", uncontendedTTL)
 	case redisBack:
 		d.mark = time.Now()
 		if err := d.mr.Restart(); err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/hybridlimit/hybridlimit/bench/internal/redisproc"
+	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 )
 
 // backend is the Redis the strategies run against.

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hybridlimit/hybridlimit/bench/internal/redisproc"
+	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 	"github.com/hybridlimit/hybridlimit/bench/internal/report"
 	"github.com/hybridlimit/hybridlimit/bench/internal/workload"
 )

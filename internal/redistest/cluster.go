@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 )
 
 // Cluster is a Redis Cluster of masters only, each a Server of its own,
@@ -33,7 +35,7 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 	c := &Cluster{}
 	var buses []int
 	for range masters {
-		bus, err := freePort()
+		bus, err := redisproc.FreePort()
 		if err != nil {
 			t.Fatalf("redistest: pick a free cluster bus port: %v", err)
 		}

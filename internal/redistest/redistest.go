@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 )
 
 // startTimeout bounds how long Start and Restart wait for the server to
@@ -43,33 +44,9 @@ type Server struct {
 // process is one run of redis-server.
 type process struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *redisproc.Output
 	done chan struct{} // closed when the process has exited
 	err  error         // exit status, valid after done is closed
-}
-
-// syncBuffer collects the output of the server; exec writes to it from its
-// own goroutines while tests may read it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// tail returns at most the last n bytes written.
-func (b *syncBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.buf.String()
-	if len(s) > n {
-		s = "..." + s[len(s)-n:]
-	}
-	return s
 }
 
 // Start starts a redis-server found on PATH, listening on a free port of
@@ -90,7 +67,7 @@ func Start(t testing.TB, args ...string) *Server {
 
 	var lastErr error
 	for range startAttempts {
-		port, err := freePort()
+		port, err := redisproc.FreePort()
 		if err != nil {
 			t.Fatalf("redistest: pick a free port: %v", err)
 		}
@@ -118,16 +95,6 @@ func argAfter(args []string, flag string) string {
 	return ""
 }
 
-// freePort asks the kernel for a free TCP port on 127.0.0.1 and releases it.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // launch runs redis-server on s.Addr and waits until it answers PING. On
 // failure the process is gone and the error carries its output.
 func (s *Server) launch() error {
@@ -143,12 +110,12 @@ func (s *Server) launch() error {
 	argv = append(argv, s.args...)
 	p := &process{
 		cmd:  exec.Command(s.bin, argv...),
-		out:  &syncBuffer{},
+		out:  &redisproc.Output{},
 		done: make(chan struct{}),
 	}
 	p.cmd.Stdout = p.out
 	p.cmd.Stderr = p.out
-	setDeathSignal(p.cmd)
+	redisproc.SetDeathSignal(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		return err
 	}
@@ -159,7 +126,7 @@ func (s *Server) launch() error {
 
 	if err := waitReady(s.Addr, p); err != nil {
 		p.kill()
-		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.tail(4096))
+		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.Tail(4096))
 	}
 	s.mu.Lock()
 	s.proc = p
@@ -296,37 +263,11 @@ func (s *Server) CommandStats(t testing.TB) map[string]int64 {
 	if !ok {
 		t.Fatalf("redistest: INFO commandstats: unexpected reply %T", v)
 	}
-	stats, err := parseCommandStats(info)
+	stats, err := redisproc.ParseCommandStats(info)
 	if err != nil {
 		t.Fatalf("redistest: INFO commandstats: %v", err)
 	}
 	return stats
-}
-
-// parseCommandStats parses lines such as
-// "cmdstat_evalsha:calls=3,usec=40,usec_per_call=13.33,rejected_calls=0,failed_calls=0".
-func parseCommandStats(info string) (map[string]int64, error) {
-	stats := make(map[string]int64)
-	for line := range strings.SplitSeq(info, "\n") {
-		line = strings.TrimSpace(line)
-		name, rest, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		name = strings.TrimPrefix(name, "cmdstat_")
-		for kv := range strings.SplitSeq(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			if k != "calls" {
-				continue
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("line %q: %w", line, err)
-			}
-			stats[name] = n
-		}
-	}
-	return stats, nil
 }
 
 // do runs one admin command with a deadline and fails the test on error.

@@ -4,7 +4,9 @@
 // commands it executed (INFO commandstats) survives those restarts.
 //
 // It is internal/redistest without testing.T: a program cannot fail a test,
-// so every method returns an error instead.
+// so every method returns an error instead. The pieces both need (output
+// capture, free ports, the parent-death signal, parsing INFO commandstats)
+// live here, and internal/redistest uses them.
 package redisproc
 
 import (
@@ -64,23 +66,26 @@ type Server struct {
 
 type process struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *Output
 	done chan struct{}
 	err  error // valid after done is closed
 }
 
-type syncBuffer struct {
+// Output collects what a child process writes; exec writes to it from its
+// own goroutines while others read it. Safe for concurrent use.
+type Output struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *Output) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) tail(n int) string {
+// Tail returns the last n bytes written, marked with "..." if cut.
+func (b *Output) Tail(n int) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := b.buf.String()
@@ -101,7 +106,7 @@ func Start(ctx context.Context, dir string) (*Server, error) {
 	}
 	s := &Server{bin: bin, dir: dir, carried: make(map[string]int64)}
 	for range startAttempts {
-		port, perr := freePort()
+		port, perr := FreePort()
 		if perr != nil {
 			return nil, fmt.Errorf("redisproc: pick a free port: %w", perr)
 		}
@@ -117,7 +122,8 @@ func Start(ctx context.Context, dir string) (*Server, error) {
 	return s, nil
 }
 
-func freePort() (int, error) {
+// FreePort asks the kernel for a free TCP port on 127.0.0.1 and releases it.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -134,11 +140,11 @@ func (s *Server) launch(ctx context.Context) error {
 			"--port", port, "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--protected-mode", "no",
 			"--dir", s.dir),
-		out:  &syncBuffer{},
+		out:  &Output{},
 		done: make(chan struct{}),
 	}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	setDeathSignal(p.cmd)
+	SetDeathSignal(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		return err
 	}
@@ -152,7 +158,7 @@ func (s *Server) launch(ctx context.Context) error {
 	pings, err := waitReady(ctx, s.Addr, p, s.connected)
 	if err != nil {
 		p.kill()
-		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.tail(4096))
+		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.Tail(4096))
 	}
 	s.mu.Lock()
 	s.proc, s.pings = p, pings

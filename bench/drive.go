@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 	"github.com/hybridlimit/hybridlimit/bench/internal/report"
 	"github.com/hybridlimit/hybridlimit/bench/internal/workload"
+	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 )
 
 // lateAfter is how late a decision may start after it was due before it

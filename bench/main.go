@@ -44,10 +44,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 	"github.com/hybridlimit/hybridlimit/bench/internal/report"
 	"github.com/hybridlimit/hybridlimit/bench/internal/workload"
 	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 )
 
 func main() {

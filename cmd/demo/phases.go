@@ -137,7 +137,9 @@ func runDemo(ctx context.Context, opts demoOptions, stdout, stderr io.Writer) in
 	}
 	phases, notes := schedule(len(d.insts), d.mr != nil)
 	length := opts.duration / time.Duration(len(phases))
-	settle := min(time.Second, length/3)
+	// Measure each phase once the longest lease of the one before has run
+	// out, so that the outage phase shows the policies, not leases.
+	settle := max(min(time.Second, length/3), uncontendedTTL)
 	d.intro(notes, length)
 
 	rates := make([]float64, len(opts.limits))

@@ -252,3 +252,55 @@ func TestFlushMidRun(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartWithKeysGone: Redis killed with -9 and restarted empty on the
+// same port. Afterwards no bucket holds more than its burst or less than
+// nothing: a Global key admits at most its burst at once, and Remaining
+// stays within [0, burst] throughout.
+func TestRestartWithKeysGone(t *testing.T) {
+	srv := redistest.Start(t)
+	const burst = 10
+	inst := cluster(t, srv, 1, nil,
+		hybrid.Limit{Name: "g", Rate: 0.001, Burst: burst, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+		hybrid.Limit{Name: "h", Rate: 0.001, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed})
+	l := inst[0]
+	ctx := context.Background()
+	burstNowAt := func(limit string) int {
+		t.Helper()
+		n := 0
+		for range 3 * burst {
+			d, err := l.Allow(ctx, limit, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Remaining < 0 || d.Remaining > burst {
+				t.Fatalf("%s: Remaining %d outside [0, %d]", limit, d.Remaining, burst)
+			}
+			if d.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	if got := burstNowAt("g"); got != burst {
+		t.Fatalf("before the restart a fresh Global key admitted %d at once, want its burst %d", got, burst)
+	}
+	srv.Kill(t)
+	srv.Restart(t)
+	// The Global limit tried Redis while it was gone or finds it back; wait
+	// until it decides on Redis again.
+	eventually(t, 5*time.Second, "Global decisions on Redis again", func() bool {
+		d, err := l.Allow(ctx, "g", "probe")
+		return err == nil && d.Source == hybrid.SourceGlobal
+	})
+	if got := burstNowAt("g"); got > burst {
+		t.Errorf("after the restart the emptied Global key admitted %d at once, more than its burst %d", got, burst)
+	}
+	eventually(t, 5*time.Second, "a Hybrid lease again", func() bool {
+		d, err := l.Allow(ctx, "h", "k2")
+		return err == nil && d.Source == hybrid.SourceLease
+	})
+	if got := burstNowAt("h"); got > burst {
+		t.Errorf("after the restart a Hybrid key admitted %d at once, more than its burst %d", got, burst)
+	}
+}

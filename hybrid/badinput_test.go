@@ -1,12 +1,10 @@
 package hybrid_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redisproc"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/membership"
 )
@@ -223,32 +222,13 @@ func TestPrefixKeepsApplicationsApart(t *testing.T) {
 	})
 }
 
-// syncBuffer is a bytes.Buffer safe for a slog handler used from several
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestLogsNeverCarryAKey logs every state change there is (degraded,
 // recovered, failing keys, instance count) at debug level and checks that
 // no line names a key.
 func TestLogsNeverCarryAKey(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	var logs syncBuffer
+	var logs redisproc.Output
 	members := membership.NewStatic("me", 2)
 	const secret = "user-4711-secret"
 	ctx := context.Background()
@@ -264,19 +244,19 @@ func TestLogsNeverCarryAKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 5*time.Second, "a failing key is logged", func() bool { return strings.Contains(logs.String(), "failing") })
+	eventually(t, 5*time.Second, "a failing key is logged", func() bool { return strings.Contains(logs.Tail(1<<20), "failing") })
 	members.Set(3)
 	srv.Kill(t)
 	eventually(t, 5*time.Second, "the outage is logged", func() bool {
 		l.Allow(ctx, "h", secret)
-		return strings.Contains(logs.String(), "degraded")
+		return strings.Contains(logs.Tail(1<<20), "degraded")
 	})
 	srv.Restart(t)
 	eventually(t, 5*time.Second, "the recovery is logged", func() bool {
 		l.Allow(ctx, "h", secret)
-		return strings.Contains(logs.String(), "back to normal")
+		return strings.Contains(logs.Tail(1<<20), "back to normal")
 	})
-	if strings.Contains(logs.String(), secret) {
-		t.Errorf("a log line carries a key:\n%s", logs.String())
+	if strings.Contains(logs.Tail(1<<20), secret) {
+		t.Errorf("a log line carries a key:\n%s", logs.Tail(1<<20))
 	}
 }

@@ -56,7 +56,7 @@ type Server struct {
 	bin, dir string
 
 	mu      sync.Mutex // guards the fields below
-	proc    *process
+	proc    *Process
 	admin   *redis.Client
 	pings   int64            // PINGs of the harness since the current process started
 	hellos  int64            // connections of the harness (one HELLO each) since then
@@ -64,11 +64,58 @@ type Server struct {
 	paused  map[string]int64 // the calls counted just before the current pause, if any
 }
 
-type process struct {
+// Process is one run of redis-server: its output captured, killed with its
+// parent. Safe for concurrent use.
+type Process struct {
 	cmd  *exec.Cmd
 	out  *Output
 	done chan struct{}
 	err  error // valid after done is closed
+}
+
+// Args returns the redis-server arguments every harness uses: port on
+// 127.0.0.1, no persistence, no protected mode, working directory dir, then
+// extra.
+func Args(port, dir string, extra ...string) []string {
+	return append([]string{
+		"--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no",
+		"--dir", dir,
+	}, extra...)
+}
+
+// Launch starts bin with argv.
+func Launch(bin string, argv ...string) (*Process, error) {
+	p := &Process{cmd: exec.Command(bin, argv...), out: &Output{}, done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	SetDeathSignal(p.cmd)
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Err is how the process ended; valid once Done is closed.
+func (p *Process) Err() error { return p.err }
+
+// Output is what the process has written so far.
+func (p *Process) Output() *Output { return p.out }
+
+// Kill sends SIGKILL and waits for the process to exit. A nil Process is
+// fine.
+func (p *Process) Kill() {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }
 
 // Output collects what a child process writes; exec writes to it from its
@@ -135,29 +182,16 @@ func FreePort() (int, error) {
 // launch runs redis-server on s.Addr and waits until it answers PING.
 func (s *Server) launch(ctx context.Context) error {
 	_, port, _ := net.SplitHostPort(s.Addr)
-	p := &process{
-		cmd: exec.Command(s.bin,
-			"--port", port, "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--protected-mode", "no",
-			"--dir", s.dir),
-		out:  &Output{},
-		done: make(chan struct{}),
-	}
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	SetDeathSignal(p.cmd)
-	if err := p.cmd.Start(); err != nil {
+	p, err := Launch(s.bin, Args(port, s.dir)...)
+	if err != nil {
 		return err
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
 	s.mu.Lock()
 	s.hellos = 0
 	s.mu.Unlock()
 	pings, err := waitReady(ctx, s.Addr, p, s.connected)
 	if err != nil {
-		p.kill()
+		p.Kill()
 		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.Tail(4096))
 	}
 	s.mu.Lock()
@@ -168,7 +202,7 @@ func (s *Server) launch(ctx context.Context) error {
 
 // waitReady polls PING until it succeeds, the process exits or
 // startTimeout passes. It returns how many PINGs the server answered.
-func waitReady(ctx context.Context, addr string, p *process, onConnect func(context.Context, *redis.Conn) error) (int64, error) {
+func waitReady(ctx context.Context, addr string, p *Process, onConnect func(context.Context, *redis.Conn) error) (int64, error) {
 	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, Protocol: 2, OnConnect: onConnect,
 		MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
 	defer c.Close()
@@ -177,7 +211,7 @@ func waitReady(ctx context.Context, addr string, p *process, onConnect func(cont
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.done:
-			return 0, fmt.Errorf("redis-server on %s exited: %v", addr, p.err)
+			return 0, fmt.Errorf("redis-server on %s exited: %v", addr, p.Err())
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		default:
@@ -206,14 +240,6 @@ func (s *Server) connected(context.Context, *redis.Conn) error {
 	return nil
 }
 
-func (p *process) kill() {
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
 // Close kills the server and waits for it to exit.
 func (s *Server) Close() {
 	s.mu.Lock()
@@ -223,7 +249,7 @@ func (s *Server) Close() {
 	if admin != nil {
 		_ = admin.Close()
 	}
-	p.kill()
+	p.Kill()
 }
 
 // Pause makes the server hold every client's commands for d (CLIENT PAUSE
@@ -262,7 +288,7 @@ func (s *Server) Kill(ctx context.Context) {
 		s.carried[name] += c
 	}
 	s.mu.Unlock()
-	p.kill()
+	p.Kill()
 }
 
 // Restart starts the server again on the same address, empty, and waits

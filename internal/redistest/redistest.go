@@ -37,16 +37,8 @@ type Server struct {
 	args []string
 
 	mu    sync.Mutex // guards the fields below
-	proc  *process
+	proc  *redisproc.Process
 	admin *redis.Client
-}
-
-// process is one run of redis-server.
-type process struct {
-	cmd  *exec.Cmd
-	out  *redisproc.Output
-	done chan struct{} // closed when the process has exited
-	err  error         // exit status, valid after done is closed
 }
 
 // Start starts a redis-server found on PATH, listening on a free port of
@@ -99,34 +91,13 @@ func argAfter(args []string, flag string) string {
 // failure the process is gone and the error carries its output.
 func (s *Server) launch() error {
 	_, port, _ := net.SplitHostPort(s.Addr)
-	argv := []string{
-		"--port", port,
-		"--bind", "127.0.0.1",
-		"--save", "",
-		"--appendonly", "no",
-		"--protected-mode", "no",
-		"--dir", s.dir,
-	}
-	argv = append(argv, s.args...)
-	p := &process{
-		cmd:  exec.Command(s.bin, argv...),
-		out:  &redisproc.Output{},
-		done: make(chan struct{}),
-	}
-	p.cmd.Stdout = p.out
-	p.cmd.Stderr = p.out
-	redisproc.SetDeathSignal(p.cmd)
-	if err := p.cmd.Start(); err != nil {
+	p, err := redisproc.Launch(s.bin, redisproc.Args(port, s.dir, s.args...)...)
+	if err != nil {
 		return err
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-
 	if err := waitReady(s.Addr, p); err != nil {
-		p.kill()
-		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.Tail(4096))
+		p.Kill()
+		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.Output().Tail(4096))
 	}
 	s.mu.Lock()
 	s.proc = p
@@ -136,7 +107,7 @@ func (s *Server) launch() error {
 
 // waitReady polls PING on addr until it succeeds, the process exits, or
 // startTimeout passes.
-func waitReady(addr string, p *process) error {
+func waitReady(addr string, p *redisproc.Process) error {
 	c := redis.NewClient(&redis.Options{
 		Addr:            addr,
 		DisableIdentity: true,
@@ -150,8 +121,8 @@ func waitReady(addr string, p *process) error {
 	var err error
 	for time.Now().Before(deadline) {
 		select {
-		case <-p.done:
-			return fmt.Errorf("redis-server on %s exited: %v", addr, p.err)
+		case <-p.Done():
+			return fmt.Errorf("redis-server on %s exited: %v", addr, p.Err())
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -162,20 +133,11 @@ func waitReady(addr string, p *process) error {
 		}
 		// Poll interval while the server starts, not synchronisation.
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	return fmt.Errorf("redis-server on %s did not answer PING within %v: %v", addr, startTimeout, err)
-}
-
-// kill sends SIGKILL and waits for the process to exit.
-func (p *process) kill() {
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
 }
 
 // stop kills the server and closes the admin client; it runs in t.Cleanup.
@@ -187,7 +149,7 @@ func (s *Server) stop() {
 	if admin != nil {
 		_ = admin.Close()
 	}
-	p.kill()
+	p.Kill()
 }
 
 // Client returns a new client to the server, closed in t.Cleanup.
@@ -207,7 +169,7 @@ func (s *Server) Kill(t testing.TB) {
 	p := s.proc
 	s.proc = nil
 	s.mu.Unlock()
-	p.kill()
+	p.Kill()
 }
 
 // Restart starts the server again on the same Addr, with an empty dataset and

@@ -79,3 +79,40 @@ func TestCommandsFollowTheRenewalSchedule(t *testing.T) {
 		t.Errorf("contended keys whose shares settled renew %.2f times/s: want them backed off below half the contended schedule (%.2f)", perContended, fast)
 	}
 }
+
+// TestEarlyRenewalWhenDemandOutgrowsGrant: an uncontended key whose demand
+// grows past its grant asks again at once (rate-capped), instead of at its
+// scheduled renewal half an uncontended lease later.
+func TestEarlyRenewalWhenDemandOutgrowsGrant(t *testing.T) {
+	srv := redistest.Start(t)
+	// One live instance of four: the others are counted at rate/N while the
+	// key is young, so the grant follows this instance's demand.
+	inst := cluster(t, srv, 4, nil, hybrid.Limit{Name: "api", Rate: 1000, Burst: 100, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})[:1]
+	drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: []float64{10}, duration: time.Second})
+	before, _ := inst[0].Status("api")
+	if before.LeasedRate == 0 || before.LeasedRate >= 200 {
+		t.Fatalf("at 10/s the key leased %v/s; want a small grant", before.LeasedRate)
+	}
+	grew := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() {
+		// The key's scheduled renewal is about 1.5 s into this phase (its
+		// first lease was granted at the start of the last one, for
+		// UncontendedTTL, renewing at half): the grant must follow before.
+		deadline := start.Add(1400 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			if st, _ := inst[0].Status("api"); st.LeasedRate >= 200 {
+				grew <- time.Since(start)
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // poll interval
+		}
+		grew <- -1
+	}()
+	drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: []float64{220}, duration: 1500 * time.Millisecond})
+	d := <-grew
+	if d < 0 {
+		t.Fatalf("demand grew from 10/s to 220/s but the grant (%v/s) did not follow before the scheduled renewal", before.LeasedRate)
+	}
+	t.Logf("grant grew from %.0f/s to ≥ 200/s %v after demand did", before.LeasedRate, d.Round(time.Millisecond))
+}

@@ -72,9 +72,24 @@ type Config struct {
 	AdvertiseAddr string
 
 	// AdvertisePort is the port other members use to reach this node. Zero
-	// means the bound port. It is ignored when BindPort is zero, since the
-	// chosen port is only known once bound.
+	// means the bound port. Without a Transport it is ignored when BindPort
+	// is zero, since the chosen port is only known once bound.
 	AdvertisePort int
+
+	// Transport, when set, carries this node's gossip instead of the UDP and
+	// TCP listeners memberlist would open: BindAddr and BindPort are then not
+	// bound, and the transport decides the address advertised to the other
+	// members, given AdvertiseAddr and AdvertisePort. A
+	// memberlist.NetTransport (or a wrapper that has its GetAutoBindPort
+	// method) advertises where it is bound when AdvertiseAddr is empty, and
+	// AdvertiseAddr with its bound port when AdvertisePort is zero. Typical
+	// uses are tests (a transport that drops packets between groups of
+	// nodes, to make a partition) and custom network layers. Join takes
+	// ownership of the transport even when it fails: it is shut down with
+	// the node, so its Shutdown must be safe to call more than once, as
+	// NetTransport's is. Nil means memberlist's own NetTransport on
+	// BindAddr:BindPort.
+	Transport memberlist.Transport
 
 	// Seeds are the "host:port" addresses of existing members to join. Empty
 	// means this node starts a new cluster. Join succeeds if at least one
@@ -138,7 +153,16 @@ var _ Counter = (*Memberlist)(nil)
 // error wrapping ErrInvalidConfig if cfg is unusable, ErrStart if the node
 // cannot be started (for example, the address is in use), or ErrJoin if no
 // seed could be joined, in which case the node has been shut down again.
-func Join(cfg Config) (*Memberlist, error) {
+func Join(cfg Config) (_ *Memberlist, err error) {
+	if cfg.Transport != nil {
+		defer func() {
+			if err != nil {
+				// memberlist shuts the transport down on most of its own
+				// failures but not all; ours (invalid config) leave it open.
+				_ = cfg.Transport.Shutdown()
+			}
+		}()
+	}
 	conf, err := memberlistConfig(&cfg)
 	if err != nil {
 		return nil, err
@@ -219,7 +243,19 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	conf.BindPort = cfg.BindPort
 	conf.AdvertiseAddr = cfg.AdvertiseAddr
 	conf.AdvertisePort = cfg.AdvertisePort
-	if conf.AdvertisePort == 0 {
+	switch {
+	case cfg.Transport != nil:
+		conf.Transport = cfg.Transport
+		// memberlist asks the transport what to advertise, passing
+		// AdvertiseAddr and AdvertisePort. NetTransport ignores the port when
+		// the address is empty (it advertises its bound address and port),
+		// but takes it as given otherwise, zero included; and BindPort says
+		// nothing of where a transport is bound. So the bound port has to
+		// come from the transport.
+		if b, ok := cfg.Transport.(interface{ GetAutoBindPort() int }); ok && conf.AdvertisePort == 0 {
+			conf.AdvertisePort = b.GetAutoBindPort()
+		}
+	case conf.AdvertisePort == 0:
 		conf.AdvertisePort = cfg.BindPort // memberlist replaces 0 by the chosen port
 	}
 	if len(cfg.SecretKey) > 0 {

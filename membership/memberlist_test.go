@@ -7,11 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"go.uber.org/goleak"
 )
 
@@ -121,6 +124,84 @@ func TestMemberlistCrash(t *testing.T) {
 	}
 	waitCount(t, 10*time.Second, 2, n1, n2)
 	t.Logf("crash detected after %v", time.Since(start))
+}
+
+// countingTransport is a memberlist.NetTransport on 127.0.0.1, port 0, that
+// counts the packets it sends, to show that memberlist used it.
+type countingTransport struct {
+	*memberlist.NetTransport
+	packets atomic.Int64
+}
+
+func newCountingTransport(t *testing.T) *countingTransport {
+	t.Helper()
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+		BindAddrs: []string{"127.0.0.1"},
+		Logger:    slog.NewLogLogger(testLogger(t).Handler(), slog.LevelDebug),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &countingTransport{NetTransport: nt}
+}
+
+func (c *countingTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	c.packets.Add(1)
+	return c.NetTransport.WriteTo(b, addr)
+}
+
+func (c *countingTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+	c.packets.Add(1)
+	return c.NetTransport.WriteToAddress(b, a)
+}
+
+// TestMemberlistTransport: a node on a transport of its own advertises the
+// address the transport is bound to, so that another node can join the
+// cluster through it, and gossips over it; BindAddr and BindPort are not
+// bound (they name an address this host does not have).
+func TestMemberlistTransport(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	for _, tt := range []struct {
+		name          string
+		advertiseAddr string
+	}{
+		{"bound address", ""},
+		// memberlist would advertise port 0 here, taking AdvertisePort as given.
+		{"advertised address without a port", "127.0.0.1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := newCountingTransport(t)
+			n1 := startNode(t, "n1", func(c *Config) {
+				c.Transport = tr
+				c.BindAddr, c.BindPort = "192.0.2.1", 1 // TEST-NET-1: not bound
+				c.AdvertiseAddr = tt.advertiseAddr
+			})
+			if want := net.JoinHostPort("127.0.0.1", strconv.Itoa(tr.GetAutoBindPort())); n1.Addr() != want {
+				t.Fatalf("Addr() = %s, want the transport's %s", n1.Addr(), want)
+			}
+			n2 := startNode(t, "n2", nil, n1.Addr())
+			waitCount(t, 5*time.Second, 2, n1, n2)
+			eventually(t, 5*time.Second, "packets sent through the transport", func() bool { return tr.packets.Load() > 0 })
+		})
+	}
+}
+
+// TestJoinShutsDownTransport: Join owns the transport, even when it fails.
+func TestJoinShutsDownTransport(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	tr := newCountingTransport(t)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tr.GetAutoBindPort()))
+	m, err := Join(Config{Name: "n1", Transport: tr, MaxInstances: -1})
+	if !errors.Is(err, ErrInvalidConfig) {
+		if m != nil {
+			_ = m.Close()
+		}
+		t.Fatalf("Join: err = %v, want ErrInvalidConfig", err)
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Errorf("the transport still listens on %s after a failed Join", addr)
+	}
 }
 
 func TestMemberlistMaxInstances(t *testing.T) {

@@ -24,15 +24,18 @@ type hammer struct {
 	mu      sync.Mutex
 	last    map[string]hybrid.Decision       // latest decision per limit
 	allowed map[string]map[hybrid.Source]int // per limit
+	decided map[string]map[hybrid.Source]int // per limit, allowed or not
 }
 
 // Decisions of the limits in waits are expected to wait on Redis (Global
 // mode) and are not counted as slow.
 func startHammer(t *testing.T, inst []*hybrid.Limiter, limits []string, keys []string, waits ...string) *hammer {
 	t.Helper()
-	h := &hammer{stop: make(chan struct{}), last: map[string]hybrid.Decision{}, allowed: map[string]map[hybrid.Source]int{}}
+	h := &hammer{stop: make(chan struct{}), last: map[string]hybrid.Decision{},
+		allowed: map[string]map[hybrid.Source]int{}, decided: map[string]map[hybrid.Source]int{}}
 	for _, l := range limits {
 		h.allowed[l] = map[hybrid.Source]int{}
+		h.decided[l] = map[hybrid.Source]int{}
 	}
 	for _, l := range inst {
 		h.wg.Add(1)
@@ -61,6 +64,7 @@ func startHammer(t *testing.T, inst []*hybrid.Limiter, limits []string, keys []s
 				}
 				h.mu.Lock()
 				h.last[limit] = d
+				h.decided[limit][d.Source]++
 				if d.Allowed {
 					h.allowed[limit][d.Source]++
 				}

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -72,8 +73,14 @@ type limitState struct {
 // invalid. The first leases are requested on the first tick, and decisions
 // made before then use the default share. When a Redis client is configured
 // New pings it once, within RedisTimeout, so that refused credentials are an
-// error here; an unreachable Redis is not (its limits start as in an
-// outage).
+// error here, and so is a server TLS certificate the client reports it
+// cannot verify (the error wraps the *tls.CertificateVerificationError); an
+// unreachable Redis is not (its limits start as in an outage). go-redis
+// reports a failed dial only after DialerRetries attempts DialerRetryTimeout
+// apart (5 and 100ms by default, longer than the default RedisTimeout), so
+// with those defaults an unverifiable certificate looks unreachable here;
+// a client with DialerRetries 1 and a DialerRetryTimeout well below
+// RedisTimeout reports it in time.
 func New(cfg Config) (*Limiter, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -119,9 +126,11 @@ func New(cfg Config) (*Limiter, error) {
 }
 
 // checkCredentials pings Redis once, within RedisTimeout, so that a wrong
-// password or a user without the rights to run scripts is a clear error at
-// New. An unreachable Redis is not an error: the limits start as they would
-// during an outage and recover when it answers.
+// password, a user without the rights to run scripts, or a server
+// certificate that fails the client's TLS verification (unknown CA, wrong
+// name, expired) is a clear error at New: they are configuration, which
+// waiting does not fix. An unreachable Redis is not an error: the limits
+// start as they would during an outage and recover when it answers.
 func checkCredentials(cfg Config) error {
 	if cfg.Redis == nil {
 		return nil
@@ -138,6 +147,10 @@ func checkCredentials(cfg Config) error {
 		if strings.Contains(err.Error(), refusal) {
 			return fmt.Errorf("%w: Redis refused this client: %v: check the Username and Password of the Redis client, and that its ACL user may run PING, EVAL and EVALSHA", ErrConfig, err)
 		}
+	}
+	var badCert *tls.CertificateVerificationError
+	if errors.As(err, &badCert) {
+		return fmt.Errorf("%w: the Redis client cannot verify the server's TLS certificate: %w: check the RootCAs and ServerName of the client's TLSConfig", ErrConfig, err)
 	}
 	cfg.Logger.Warn("hybridlimit: Redis not reachable at start; limits follow their outage policy until it is", "error", err)
 	return nil

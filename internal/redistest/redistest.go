@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -35,6 +36,10 @@ type Server struct {
 	bin  string
 	dir  string
 	args []string
+	// tls, set only by StartTLS, makes the server listen for TLS alone
+	// (--port 0 --tls-port PORT); every client the helper makes (the PING
+	// probe, the admin client, Client) then dials with it.
+	tls *tls.Config
 
 	mu    sync.Mutex // guards the fields below
 	proc  *redisproc.Process
@@ -50,13 +55,30 @@ type Server struct {
 // (never skips) with an installation hint when redis-server is not on PATH.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
+	s := newServer(t, nil, args)
+	if err := s.start(t); err != nil {
+		t.Fatalf("redistest: start redis-server: %v", err)
+	}
+	return s
+}
+
+// newServer looks up redis-server, failing the test if it is not on PATH,
+// and registers the cleanup of a Server not yet started.
+func newServer(t testing.TB, tlsConfig *tls.Config, args []string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("redistest: redis-server not found on PATH (%v); install the Debian package redis-server (apt-get install redis-server)", err)
 	}
-	s := &Server{bin: bin, dir: t.TempDir(), args: args}
+	s := &Server{bin: bin, dir: t.TempDir(), args: args, tls: tlsConfig}
 	t.Cleanup(s.stop)
+	return s
+}
 
+// start launches the server on a free port, trying a few, and creates the
+// admin client. It returns the last launch error.
+func (s *Server) start(t testing.TB) error {
+	t.Helper()
 	var lastErr error
 	for range startAttempts {
 		port, err := redisproc.FreePort()
@@ -69,12 +91,13 @@ func Start(t testing.TB, args ...string) *Server {
 		}
 	}
 	if lastErr != nil {
-		t.Fatalf("redistest: start redis-server: %v", lastErr)
+		return lastErr
 	}
 	s.mu.Lock()
-	s.admin = redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, Protocol: 2, Password: argAfter(args, "--requirepass")})
+	s.admin = redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, Protocol: 2,
+		Password: argAfter(s.args, "--requirepass"), TLSConfig: s.tls})
 	s.mu.Unlock()
-	return s
+	return nil
 }
 
 // argAfter returns the argument that follows flag in args, or "".
@@ -91,11 +114,15 @@ func argAfter(args []string, flag string) string {
 // failure the process is gone and the error carries its output.
 func (s *Server) launch() error {
 	_, port, _ := net.SplitHostPort(s.Addr)
-	p, err := redisproc.Launch(s.bin, redisproc.Args(port, s.dir, s.args...)...)
+	plain, extra := port, s.args
+	if s.tls != nil {
+		plain, extra = "0", append([]string{"--tls-port", port}, s.args...)
+	}
+	p, err := redisproc.Launch(s.bin, redisproc.Args(plain, s.dir, extra...)...)
 	if err != nil {
 		return err
 	}
-	if err := waitReady(s.Addr, p); err != nil {
+	if err := waitReady(s.Addr, s.tls, p); err != nil {
 		p.Kill()
 		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.Output().Tail(4096))
 	}
@@ -105,11 +132,12 @@ func (s *Server) launch() error {
 	return nil
 }
 
-// waitReady polls PING on addr until it succeeds, the process exits, or
-// startTimeout passes.
-func waitReady(addr string, p *redisproc.Process) error {
+// waitReady polls PING on addr, over TLS if tlsConfig is not nil, until it
+// succeeds, the process exits, or startTimeout passes.
+func waitReady(addr string, tlsConfig *tls.Config, p *redisproc.Process) error {
 	c := redis.NewClient(&redis.Options{
 		Addr:            addr,
+		TLSConfig:       tlsConfig,
 		DisableIdentity: true,
 		Protocol:        2,
 		MaxRetries:      -1,
@@ -152,10 +180,11 @@ func (s *Server) stop() {
 	p.Kill()
 }
 
-// Client returns a new client to the server, closed in t.Cleanup.
+// Client returns a new client to the server, closed in t.Cleanup. For a
+// server started with StartTLS the client dials with its TLS configuration.
 func (s *Server) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, TLSConfig: s.tls})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

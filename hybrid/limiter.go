@@ -64,8 +64,9 @@ type limitState struct {
 	failing  atomic.Int64  // keys whose last lease request failed
 
 	// Owned by the lease loop goroutine.
-	leases map[string]*lease
-	stats  []local.KeyStats
+	leases     map[string]*lease
+	leasesPeak int // most keys leases has held since it was made
+	stats      []local.KeyStats
 }
 
 // New returns a Limiter for cfg and starts its lease loop. It returns an

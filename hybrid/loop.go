@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"maps"
 	"math"
 	"time"
 
@@ -103,6 +104,7 @@ type batch struct {
 	out     []global.Lease
 	refs    []ref
 	evicted []string
+	quiet   int // ticks in a row that used a small part of the buffers
 }
 
 type ref struct {
@@ -110,11 +112,46 @@ type ref struct {
 	le *lease // nil for a release
 }
 
+// reset empties b for the next tick. Once the batches have needed less
+// than 1/shrinkBelow of the buffers for shrinkAfter ticks in a row (a burst
+// of keys went idle, or a first round of leases for many keys is over), the
+// buffers are given back and grow again to what is needed.
 func (b *batch) reset() {
+	if cap(b.reqs) >= shrinkFrom && len(b.reqs) < cap(b.reqs)/shrinkBelow {
+		b.quiet++
+	} else {
+		b.quiet = 0
+	}
+	if b.quiet >= shrinkAfter {
+		*b = batch{}
+		return
+	}
 	clear(b.reqs)
 	b.reqs = b.reqs[:0]
 	clear(b.refs)
 	b.refs = b.refs[:0]
+	clear(b.out) // drops the errors and keys of the last answers
+	clear(b.evicted)
+	b.evicted = b.evicted[:0]
+}
+
+// A buffer or map that grew with the keys is given back once what it holds
+// falls below 1/shrinkBelow of its size, if that size is at least
+// shrinkFrom; a batch buffer only after shrinkAfter ticks in a row of that.
+const (
+	shrinkBelow = 4
+	shrinkFrom  = 256
+	shrinkAfter = 40
+)
+
+// reuse returns s emptied for reuse, with no references left in it, or nil
+// if it is much larger than its last use needed.
+func reuse[S ~[]E, E any](s S) S {
+	if cap(s) >= shrinkFrom && len(s) < cap(s)/shrinkBelow {
+		return nil
+	}
+	clear(s)
+	return s[:0]
 }
 
 func (b *batch) add(ls *limitState, le *lease, req global.LeaseRequest) {
@@ -167,6 +204,11 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 					b.add(ls, nil, l.request(ls, k, 0, n, l.cfg.ContendedTTL))
 				}
 			}
+		}
+		if ls.leasesPeak >= shrinkFrom && len(ls.leases) < ls.leasesPeak/shrinkBelow {
+			// Go maps keep the memory of deleted entries.
+			ls.leases = maps.Collect(maps.All(ls.leases))
+			ls.leasesPeak = len(ls.leases)
 		}
 		if ls.OnOutage == FailLocal && ls.degraded.Load() {
 			// The largest recent count may have aged out of PeakWindow.
@@ -288,6 +330,8 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		le.sentAt = now
 		le.attemptedAt = st.Attempted
 	}
+	ls.leasesPeak = max(ls.leasesPeak, len(ls.leases))
+	ls.stats = reuse(ls.stats)
 	ls.m.leasedRate.Set(leased)
 	ls.m.contendedKeys.Set(float64(contended))
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -105,10 +106,20 @@ type Limiter struct {
 }
 
 type shard struct {
-	mu sync.RWMutex
-	m  map[string]*entry // guarded by mu
-	_  [32]byte          // keep shards on separate cache lines
+	mu   sync.RWMutex
+	m    map[string]*entry // guarded by mu
+	peak int               // most keys m has held since it was made; guarded by mu
+	_    [32]byte          // keep shards on separate cache lines
 }
+
+// shrinkBelow is the fraction of its peak a shard's map must fall to before
+// EvictIdle rebuilds it: Go maps never give back the memory of deleted
+// entries, so after a burst of keys goes idle the map is copied into one
+// sized for the keys left.
+const shrinkBelow = 4
+
+// shrinkFrom is the smallest peak worth rebuilding a map for.
+const shrinkFrom = 64
 
 type entry struct {
 	mu        sync.Mutex
@@ -240,6 +251,7 @@ func (l *Limiter) insert(sh *shard, key string, t time.Time) *entry {
 	// A new rate.Limiter has never been advanced, so it starts full.
 	e := &entry{lim: rate.NewLimiter(def.Limit, def.Burst), last: t, created: t, seen: t}
 	sh.m[key] = e
+	sh.peak = max(sh.peak, len(sh.m))
 	return e
 }
 
@@ -383,7 +395,8 @@ func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
 
 // EvictIdle removes every key whose latest decision is older than t minus
 // idle, appends the removed keys to dst and returns it. A later decision on
-// a removed key starts it afresh at the default share.
+// a removed key starts it afresh at the default share. Once most of the
+// keys a shard held are gone, the memory they took is given back.
 func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []string {
 	cutoff := t.Add(-idle)
 	for i := range l.shards {
@@ -397,6 +410,10 @@ func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []str
 				dst = append(dst, k)
 			}
 			e.mu.Unlock()
+		}
+		if sh.peak >= shrinkFrom && len(sh.m) < sh.peak/shrinkBelow {
+			sh.m = maps.Collect(maps.All(sh.m)) // sized for what is left
+			sh.peak = len(sh.m)
 		}
 		sh.mu.Unlock()
 	}

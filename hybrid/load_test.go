@@ -1,0 +1,152 @@
+package hybrid_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// TestLoadManyKeys is the load and resources case: 64 goroutines
+// make a fixed number of decisions over 10 000 keys on four instances (run
+// it under -race): invariant 1 holds on every key, and once the keys go
+// idle they are evicted, their leases leave Redis, and the heap returns to
+// where it started.
+func TestLoadManyKeys(t *testing.T) {
+	const (
+		instances  = 4
+		goroutines = 64
+		numKeys    = 10_000
+		decisions  = 400_000
+		// Per key: about 40 decisions over a run of a few seconds, well
+		// above what the limit admits, so that the bound is what is tested
+		// (four instances each admitting the whole rate would break it).
+		rate  = 1.0
+		burst = 2
+	)
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	const idle = time.Second
+	inst := cluster(t, srv, instances, func(c *hybrid.Config) {
+		c.IdleAfter = idle
+		c.UncontendedTTL = 2 * time.Second
+	}, lim)
+	ks := keys(numKeys)
+
+	start := heapAfterGC()
+	base := ourGoroutines()
+
+	type admission struct {
+		key int32
+		at  time.Duration
+	}
+	logs := make([][]admission, goroutines)
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := inst[g%instances]
+			rnd := rand.New(rand.NewPCG(uint64(g), 42))
+			ctx := context.Background()
+			for range decisions / goroutines {
+				k := rnd.IntN(numKeys)
+				d, err := l.Allow(ctx, "api", ks[k])
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				if d.Allowed {
+					logs[g] = append(logs[g], admission{int32(k), time.Since(begin)})
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(begin)
+
+	keysHeld := 0
+	for _, l := range inst {
+		st, _ := l.Status("api")
+		keysHeld += st.Keys
+	}
+	held := heapAfterGC()
+	perKey := make([][]time.Duration, numKeys)
+	total := 0
+	for _, lg := range logs {
+		for _, a := range lg {
+			perKey[a.key] = append(perKey[a.key], a.at)
+			total++
+		}
+	}
+	logs = nil
+	t.Logf("%d decisions in %v (%.0f/s), %d admitted; %d keys held over %d instances",
+		decisions, elapsed.Round(time.Millisecond), decisions/elapsed.Seconds(), total, keysHeld, instances)
+
+	// Invariant 1 per key, with the same allowance for cold starts as the
+	// invariant tests: each instance may start a key at its default share.
+	tick := hybrid.DefaultConfig(nil, nil).Tick
+	cold := float64(instances) * (max(1, float64(burst/instances)) + rate/instances*tick.Seconds())
+	for _, w := range []time.Duration{100 * time.Millisecond, time.Second, elapsed} {
+		bound := rate*w.Seconds() + burst + cold + instances
+		worst := 0
+		for k, adm := range perKey {
+			slices.Sort(adm)
+			got := maxInWindow(adm, w)
+			worst = max(worst, got)
+			if float64(got) > bound {
+				t.Errorf("key %s: %d admitted in a %v window, bound %.1f", ks[k], got, w, bound)
+				break
+			}
+		}
+		t.Logf("window %v: at most %d admitted on a key, bound %.1f", w, worst, bound)
+	}
+	perKey = nil
+
+	// Idle keys are evicted after IdleAfter, and their leases leave Redis
+	// (released or run out).
+	eventually(t, idle+10*time.Second, "every key evicted", func() bool {
+		for _, l := range inst {
+			if st, _ := l.Status("api"); st.Keys != 0 || st.LeasedRate != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	rdb := srv.Client(t)
+	eventually(t, 10*time.Second, "no lease left in Redis", func() bool {
+		n, err := rdb.DBSize(context.Background()).Result()
+		return err == nil && n == 0
+	})
+	// What a limiter keeps once its keys are gone is a few fixed-size
+	// structures; anything proportional to the keys it held would be
+	// megabytes. Buffers sized for a burst are given back after a couple of
+	// seconds of smaller batches.
+	var end uint64
+	eventually(t, 10*time.Second, "the heap back to its start", func() bool {
+		end = heapAfterGC()
+		return end <= start+1<<20
+	})
+	t.Logf("heap: %.1f MiB at the start, %.1f MiB with the keys held, %.1f MiB once they were evicted",
+		mib(start), mib(held), mib(end))
+	eventually(t, 5*time.Second, "the limiter's goroutines back to what they were", func() bool { return ourGoroutines() <= base })
+}
+
+// heapAfterGC returns the bytes of live heap objects after a full
+// collection.
+func heapAfterGC() uint64 {
+	runtime.GC()
+	runtime.GC() // the first may leave objects freed only by finalizers
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }

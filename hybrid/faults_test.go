@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
@@ -16,25 +17,68 @@ import (
 	"github.com/hybridlimit/hybridlimit/membership"
 )
 
-// netFault is one network fault injected between the instances and Redis.
-type netFault struct {
+// fault is one fault injected between the instances and Redis, or into
+// Redis itself.
+type fault struct {
 	name   string
-	inject func(t *testing.T, p *faultproxy.Proxy)
+	inject func(t *testing.T, e faultEnv)
+	// clear ends the fault and returns once it is over; nil means
+	// e.proxy.Clear.
+	clear func(t *testing.T, e faultEnv)
 	// outage says whether the fault stops lease renewals: the limits then
 	// follow their policies. A fault that is not an outage must change
 	// nothing a caller sees.
 	outage bool
 }
 
-var netFaults = []netFault{
-	{"latency 50ms", func(t *testing.T, p *faultproxy.Proxy) { p.Latency(t, faultproxy.Downstream, 50*time.Millisecond) }, false},
-	{"latency 2s", func(t *testing.T, p *faultproxy.Proxy) { p.Latency(t, faultproxy.Downstream, 2*time.Second) }, true},
-	{"blackhole", func(t *testing.T, p *faultproxy.Proxy) { p.Blackhole(t) }, true},
-	{"connection resets", func(t *testing.T, p *faultproxy.Proxy) { p.Reset(t) }, true},
+// faultEnv is what a fault acts on: the server, and the proxy every
+// instance reaches it through.
+type faultEnv struct {
+	srv   *redistest.Server
+	proxy *faultproxy.Proxy
+}
+
+var netFaults = []fault{
+	{name: "latency 50ms", inject: func(t *testing.T, e faultEnv) { e.proxy.Latency(t, faultproxy.Downstream, 50*time.Millisecond) }},
+	{name: "latency 2s", inject: func(t *testing.T, e faultEnv) { e.proxy.Latency(t, faultproxy.Downstream, 2*time.Second) }, outage: true},
+	{name: "blackhole", inject: func(t *testing.T, e faultEnv) { e.proxy.Blackhole(t) }, outage: true},
+	{name: "connection resets", inject: func(t *testing.T, e faultEnv) { e.proxy.Reset(t) }, outage: true},
 	// 1 KB/s up: a renewal pipeline (about 150 bytes per key) misses
 	// RedisTimeout, a PING does not.
-	{"bandwidth 1KB/s", func(t *testing.T, p *faultproxy.Proxy) { p.Bandwidth(t, faultproxy.Upstream, 1) }, true},
+	{name: "bandwidth 1KB/s", inject: func(t *testing.T, e faultEnv) { e.proxy.Bandwidth(t, faultproxy.Upstream, 1) }, outage: true},
 }
+
+// pauseFor is how long the CLIENT PAUSE fault lasts: longer than it takes
+// every lease to run out (faultLease) and the policies to be checked.
+// CLIENT UNPAUSE cannot end it early: under CLIENT PAUSE ALL it waits too.
+const pauseFor = 5 * time.Second
+
+var serverFaults = []fault{
+	{
+		name:   "client pause",
+		inject: func(t *testing.T, e faultEnv) { e.srv.Pause(t, pauseFor) },
+		clear: func(t *testing.T, e faultEnv) {
+			rdb := redis.NewClient(&redis.Options{Addr: e.srv.Addr, ReadTimeout: 100 * time.Millisecond, MaxRetries: -1})
+			defer rdb.Close()
+			eventually(t, pauseFor+5*time.Second, "Redis answers once the pause is over", func() bool {
+				return rdb.Ping(context.Background()).Err() == nil
+			})
+		},
+		outage: true,
+	},
+	{
+		name:   "kill -9, restart on the same port",
+		inject: func(t *testing.T, e faultEnv) { e.srv.Kill(t) },
+		clear:  func(t *testing.T, e faultEnv) { e.srv.Restart(t) },
+		outage: true,
+	},
+	{name: "flushall", inject: func(t *testing.T, e faultEnv) { e.srv.FlushAll(t) }, clear: func(*testing.T, faultEnv) {}},
+	{name: "script flush", inject: func(t *testing.T, e faultEnv) { e.srv.ScriptFlush(t) }, clear: func(*testing.T, faultEnv) {}},
+}
+
+// faultLease is the longest lease in the fault tests, so that an outage
+// shows within a second.
+const faultLease = time.Second
 
 // TestNetworkFaults puts a Toxiproxy proxy between two instances and a real
 // Redis and injects each network fault while every policy is under load
@@ -46,11 +90,21 @@ var netFaults = []netFault{
 // rounds.
 func TestNetworkFaults(t *testing.T) {
 	for _, f := range netFaults {
-		t.Run(f.name, func(t *testing.T) { testNetworkFault(t, f) })
+		t.Run(f.name, func(t *testing.T) { testFault(t, f) })
 	}
 }
 
-func testNetworkFault(t *testing.T, f netFault) {
+// TestServerFaults holds Redis's own faults to the same checks as
+// TestNetworkFaults: CLIENT PAUSE and kill -9 are outages; FLUSHALL and
+// SCRIPT FLUSH are not, and must leave every decision on its lease while
+// Redis holds every lease again within one lease lifetime.
+func TestServerFaults(t *testing.T) {
+	for _, f := range serverFaults {
+		t.Run(f.name, func(t *testing.T) { testFault(t, f) })
+	}
+}
+
+func testFault(t *testing.T, f fault) {
 	srv := redistest.Start(t)
 	proxy := faultproxy.Start(t, srv.Addr)
 	const rate, burst, instances = 200, 20, 2
@@ -60,8 +114,7 @@ func testNetworkFault(t *testing.T, f netFault) {
 		{Name: "closed", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
 	}
 	names := []string{"local", "open", "closed"}
-	// Leases at most 1 s long, so that an outage shows within a second.
-	const longest = time.Second
+	const longest = faultLease
 	inst := make([]*hybrid.Limiter, instances)
 	regs := make([]*prometheus.Registry, instances)
 	for i := range inst {
@@ -77,7 +130,8 @@ func testNetworkFault(t *testing.T, f netFault) {
 			Registerer:     regs[i],
 		})
 	}
-	h := startHammer(t, inst, names, keys(4))
+	ks := keys(4)
+	h := startHammer(t, inst, names, ks)
 	normal := map[string]hybrid.Source{"local": hybrid.SourceLease, "open": hybrid.SourceLease, "closed": hybrid.SourceLease}
 	leasing := func() bool {
 		if !h.sourcesAre(normal) {
@@ -101,7 +155,8 @@ func testNetworkFault(t *testing.T, f netFault) {
 	sample := func() { most = max(most, ourGoroutines()) }
 
 	before := h.decisions()
-	f.inject(t, proxy)
+	env := faultEnv{srv: srv, proxy: proxy}
+	f.inject(t, env)
 	injected := time.Now()
 	if f.outage {
 		degraded := map[string]hybrid.Source{"local": hybrid.SourceLocal, "open": hybrid.SourceFailOpen, "closed": hybrid.SourceFailClosed}
@@ -146,16 +201,29 @@ func testNetworkFault(t *testing.T, f netFault) {
 		if !leasing() {
 			t.Errorf("leases lost while Redis answered in time")
 		}
+		// Every key has renewed since the fault, so Redis holds a lease
+		// hash for each (limit, key) again, even after a FLUSHALL.
+		held, err := srv.Client(t).Keys(context.Background(), "hybridlimit:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := len(names) * len(ks); len(held) != want {
+			t.Errorf("Redis holds %d lease keys %v after the fault, want one per (limit, key): %d", len(held), held, want)
+		}
 	}
 	sample()
 
+	clearFault := f.clear
+	if clearFault == nil {
+		clearFault = func(t *testing.T, e faultEnv) { e.proxy.Clear(t) }
+	}
+	clearFault(t, env)
+	cleared := time.Now()
 	rounds := func(i int) uint64 { return histogramCount(t, regs[i], "hybridlimit_renewal_duration_seconds") }
 	var at [instances]uint64
 	for i := range inst {
 		at[i] = rounds(i)
 	}
-	proxy.Clear(t)
-	cleared := time.Now()
 	eventually(t, 5*time.Second, "leases are back", leasing)
 	t.Logf("leases back %v after the fault cleared", time.Since(cleared).Round(time.Millisecond))
 	for i := range inst {

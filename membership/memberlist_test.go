@@ -220,33 +220,57 @@ func TestMemberlistMaxInstances(t *testing.T) {
 	}
 }
 
+// TestMemberlistEncryption: a node whose gossip key does not match the
+// cluster's (another key, no key, or a key where the cluster has none)
+// cannot join, gets an error that names the seed and says the encryption is
+// why, and leaves the cluster's count as it was.
 func TestMemberlistEncryption(t *testing.T) {
 	t.Cleanup(func() { verifyNoLeaks(t) })
 	key := bytes.Repeat([]byte{7}, 32)
 	withKey := func(k []byte) func(*Config) {
 		return func(c *Config) { c.SecretKey = k }
 	}
-	n1 := startNode(t, "n1", withKey(key))
-	n2 := startNode(t, "n2", withKey(key), n1.Addr())
-	waitCount(t, 5*time.Second, 2, n1, n2)
+	for _, tt := range []struct {
+		name                  string
+		clusterKey, joinerKey []byte
+		why                   string // in memberlist's words
+	}{
+		{"another key", key, bytes.Repeat([]byte{8}, 32), "no installed keys could decrypt"},
+		{"no key", key, nil, "remote state is encrypted and encryption is not configured"},
+		{"a key where the cluster has none", nil, key, "encryption is configured but remote state is not encrypted"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			n1 := startNode(t, "n1", withKey(tt.clusterKey))
+			n2 := startNode(t, "n2", withKey(tt.clusterKey), n1.Addr())
+			waitCount(t, 5*time.Second, 2, n1, n2)
 
-	_, err := Join(Config{
-		Name:      "intruder",
-		BindAddr:  "127.0.0.1",
-		Seeds:     []string{n1.Addr()},
-		SecretKey: bytes.Repeat([]byte{8}, 32),
-		Profile:   Local,
-		Logger:    testLogger(t),
-	})
-	if !errors.Is(err, ErrJoin) {
-		t.Fatalf("Join with another key: err = %v, want ErrJoin", err)
-	}
-	t.Logf("wrong key: %v", err)
-	if !strings.Contains(err.Error(), n1.Addr()) {
-		t.Errorf("error %q does not name the seed %s", err, n1.Addr())
-	}
-	if got := n1.Members(); !slices.Equal(got, []string{"n1", "n2"}) {
-		t.Errorf("Members() after rejected join = %v, want [n1 n2]", got)
+			m, err := Join(Config{
+				Name:      "intruder",
+				BindAddr:  "127.0.0.1",
+				Seeds:     []string{n1.Addr()},
+				SecretKey: tt.joinerKey,
+				Profile:   Local,
+				Logger:    testLogger(t),
+			})
+			if !errors.Is(err, ErrJoin) {
+				if m != nil {
+					_ = m.Close()
+				}
+				t.Fatalf("Join with %s: err = %v, want ErrJoin", tt.name, err)
+			}
+			t.Logf("%s: %v", tt.name, err)
+			if !strings.Contains(err.Error(), n1.Addr()) {
+				t.Errorf("error %q does not name the seed %s", err, n1.Addr())
+			}
+			if !strings.Contains(err.Error(), tt.why) {
+				t.Errorf("error %q does not say why (%q)", err, tt.why)
+			}
+			for _, n := range []*Memberlist{n1, n2} {
+				if got := n.Members(); !slices.Equal(got, []string{"n1", "n2"}) || n.Count() != 2 {
+					t.Errorf("%s after the rejected join: Members() = %v, Count() = %d, want [n1 n2] and 2", n.Name(), got, n.Count())
+				}
+			}
+		})
 	}
 }
 

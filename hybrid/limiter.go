@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -454,12 +455,18 @@ func (l *Limiter) localShare(ls *limitState, now time.Time) local.Share {
 }
 
 // redact returns err with every mention of key replaced, for logs: keys
-// identify users, and no log line may carry one.
+// identify users, and no log line may carry one. A key is mentioned as it
+// is or quoted (%q, as package global formats keys in its errors).
 func redact(err error, key string) error {
-	if err == nil || key == "" || !strings.Contains(err.Error(), key) {
+	if err == nil || key == "" {
 		return err
 	}
-	return errors.New(strings.ReplaceAll(err.Error(), key, "<key>"))
+	msg := err.Error()
+	out := strings.ReplaceAll(strings.ReplaceAll(msg, strconv.Quote(key), "<key>"), key, "<key>")
+	if out == msg {
+		return err
+	}
+	return errors.New(out)
 }
 
 // setDegraded switches ls between normal and degraded, logging once per

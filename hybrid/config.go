@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -142,7 +144,8 @@ type Decision struct {
 
 // Limit describes one named limit.
 type Limit struct {
-	// Name identifies the limit in calls, Redis keys and metrics. Required.
+	// Name identifies the limit in calls, Redis keys and metrics. Required:
+	// valid UTF-8 without ':', '{' or '}'.
 	Name string
 	// Rate is the global rate in tokens per second, across all instances.
 	// It must be positive and finite.
@@ -275,6 +278,12 @@ func (c Config) validate() error {
 	for i, l := range c.Limits {
 		if l.Name == "" {
 			return fmt.Errorf("%w: limit #%d has no Name", ErrConfig, i)
+		}
+		if !utf8.ValidString(l.Name) || strings.ContainsAny(l.Name, ":{}") {
+			// In a Redis key "<prefix>:{<limit>:<key>}" a ':' would let two
+			// (limit, key) pairs share one key, and a brace would move the
+			// hash tag; a metric label must be UTF-8.
+			return fmt.Errorf("%w: limit name %q must be valid UTF-8 without ':', '{' or '}'", ErrConfig, l.Name)
 		}
 		if seen[l.Name] {
 			return fmt.Errorf("%w: limit %q is defined twice: give each limit a unique Name", ErrConfig, l.Name)

@@ -4,26 +4,20 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
 )
 
-// TestMetricsNeverCarryAKey checks the metric names and labels DESIGN.md
-// promises: hybridlimit_ names, labels limit, outcome and source only.
-func TestMetricsNeverCarryAKey(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	l := newLimiter(t, hybrid.Config{Registerer: reg, Limits: []hybrid.Limit{
-		{Name: "api", Rate: 1, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
-	}})
-	ctx := context.Background()
-	for range 3 {
-		if _, err := l.Allow(ctx, "api", "secret-user-key"); err != nil {
-			t.Fatal(err)
-		}
-	}
+// checkMetricNames checks the metric names and labels DESIGN.md promises:
+// hybridlimit_ names, labels limit, outcome and source only, and no label
+// value that carries a key (every key of these tests holds "secret").
+func checkMetricNames(t *testing.T, reg *prometheus.Registry) {
+	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +35,22 @@ func TestMetricsNeverCarryAKey(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestMetricsNeverCarryAKey: names and labels as DESIGN.md promises, and
+// decisions counted by outcome and source.
+func TestMetricsNeverCarryAKey(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	l := newLimiter(t, hybrid.Config{Registerer: reg, Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
+	}})
+	ctx := context.Background()
+	for range 3 {
+		if _, err := l.Allow(ctx, "api", "secret-user-key"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkMetricNames(t, reg)
 	// Every (outcome, source) pair exists from the start, at zero.
 	want := `
 # HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed).
@@ -65,5 +75,39 @@ hybridlimit_decisions_total{limit="api",outcome="denied",source="local"} 1
 		{Name: "api", Rate: 1, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
 	}}); err == nil {
 		t.Error("a second Limiter registered the same metrics")
+	}
+}
+
+// TestRedisMetricsNeverCarryAKey: the metrics of Redis commands, errors and
+// leases, with Hybrid and Global limits at work on a real Redis, through an
+// outage and back, name no key either.
+func TestRedisMetricsNeverCarryAKey(t *testing.T) {
+	srv := redistest.Start(t)
+	reg := prometheus.NewPedanticRegistry()
+	l := newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Registerer: reg, Limits: []hybrid.Limit{
+		{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen},
+		{Name: "g", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+	}})
+	ctx := context.Background()
+	allow := func() {
+		t.Helper()
+		for _, limit := range []string{"h", "g"} {
+			if _, err := l.Allow(ctx, limit, "secret-user-key"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, 5*time.Second, "a lease granted", func() bool {
+		allow()
+		return counterSum(t, reg, "hybridlimit_leases_granted_total") > 0
+	})
+	srv.Kill(t)
+	eventually(t, 5*time.Second, "Redis errors counted", func() bool {
+		allow()
+		return counterSum(t, reg, "hybridlimit_redis_errors_total") > 0
+	})
+	checkMetricNames(t, reg)
+	if n := counterSum(t, reg, "hybridlimit_redis_commands_total"); n == 0 {
+		t.Error("no Redis command counted")
 	}
 }

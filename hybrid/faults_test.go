@@ -178,6 +178,28 @@ func testFault(t *testing.T, f fault) {
 			return true
 		})
 		t.Logf("policies in force after %v", time.Since(injected).Round(time.Millisecond))
+		// FailLocal holds the limit across both instances: over a window
+		// with the policies in force, each key admits at most rate·w +
+		// burst, and a token of rounding per instance.
+		allowedLocal := func() int {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			n := 0
+			for _, c := range h.allowed["local"] {
+				n += c
+			}
+			return n
+		}
+		from, start := allowedLocal(), time.Now()
+		for end := start.Add(500 * time.Millisecond); time.Now().Before(end); {
+			// The window measured, not a synchronisation.
+			sample()
+			time.Sleep(10 * time.Millisecond)
+		}
+		got, w := allowedLocal()-from, time.Since(start).Seconds()
+		if bound := float64(len(ks)) * (rate*w + burst + instances); float64(got) > bound {
+			t.Errorf("FailLocal admitted %d over %d keys in %.2fs, above the limit's %.0f", got, len(ks), w, bound)
+		}
 		for _, l := range inst {
 			if st, _ := l.Status("local"); st.Degraded && st.LocalShare.Limit != rate/instances {
 				t.Errorf("FailLocal share %v, want rate/N = %v", st.LocalShare.Limit, rate/instances)

@@ -120,13 +120,7 @@ func TestInstanceCrash(t *testing.T) {
 		t.Errorf("the survivors' grants on k summed to %.1f/s, above the rate %v/s", most, rate)
 	}
 
-	hs.halt()
-	if n := hs.slow.Load(); n != 0 {
-		t.Errorf("%d decisions took over 100ms", n)
-	}
-	if n := hs.errs.Load(); n != 0 {
-		t.Errorf("%d decisions returned errors", n)
-	}
+	hs.haltAndCheck(t)
 	for i, l := range survivors {
 		if st := mustStatus(t, l, "api"); st.Degraded || st.FailingKeys != 0 {
 			t.Errorf("%s: %+v; a peer's crash is not an outage", names[i], st)

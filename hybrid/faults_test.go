@@ -260,16 +260,7 @@ func testFault(t *testing.T, f fault) {
 		}
 	}
 
-	h.halt()
-	if n := h.slow.Load(); n != 0 {
-		t.Errorf("%d decisions took over 100ms", n)
-	}
-	if n := h.errs.Load(); n != 0 {
-		t.Errorf("%d decisions returned errors", n)
-	}
-	if n := h.wrong.Load(); n != 0 {
-		t.Errorf("%d FailOpen decisions denied or FailClosed decisions admitted", n)
-	}
+	h.haltAndCheck(t)
 	// Each instance runs one loop goroutine and its static counter one
 	// notifier. go-redis dials each new connection in a goroutine of its
 	// own that outlives a request that timed out by up to DialTimeout; the

@@ -90,6 +90,22 @@ func (h *hammer) halt() {
 	h.wg.Wait()
 }
 
+// haltAndCheck stops the hammer and fails the test for every decision that
+// took over 100 ms, returned an error, or went against its policy.
+func (h *hammer) haltAndCheck(t *testing.T) {
+	t.Helper()
+	h.halt()
+	if n := h.slow.Load(); n != 0 {
+		t.Errorf("%d decisions took over 100ms", n)
+	}
+	if n := h.errs.Load(); n != 0 {
+		t.Errorf("%d decisions returned errors", n)
+	}
+	if n := h.wrong.Load(); n != 0 {
+		t.Errorf("%d FailOpen decisions denied or FailClosed decisions admitted", n)
+	}
+}
+
 func (h *hammer) latest(limit string) hybrid.Decision {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -190,16 +206,7 @@ func TestOutagePolicies(t *testing.T) {
 			}
 			eventually(t, 10*time.Second, "leases resume", func() bool { return h.sourcesAre(normal) })
 			t.Logf("%s: leases back %v after Redis was", fault, time.Since(back).Round(time.Millisecond))
-			h.halt()
-			if n := h.slow.Load(); n != 0 {
-				t.Errorf("%d decisions took over 100ms", n)
-			}
-			if n := h.errs.Load(); n != 0 {
-				t.Errorf("%d decisions returned errors", n)
-			}
-			if n := h.wrong.Load(); n != 0 {
-				t.Errorf("%d FailOpen decisions denied or FailClosed decisions admitted", n)
-			}
+			h.haltAndCheck(t)
 		})
 	}
 }

@@ -267,8 +267,9 @@ func TestFlushMidRun(t *testing.T) {
 
 // TestRestartWithKeysGone: Redis killed with -9 and restarted empty on the
 // same port. Afterwards no bucket holds more than its burst or less than
-// nothing: a Global key admits at most its burst at once, and Remaining
-// stays within [0, burst] throughout.
+// nothing: a Global key and a Hybrid key, both used before the restart,
+// admit at most their burst at once, and Remaining stays within [0, burst]
+// throughout.
 func TestRestartWithKeysGone(t *testing.T) {
 	srv := redistest.Start(t)
 	const burst = 10
@@ -297,6 +298,13 @@ func TestRestartWithKeysGone(t *testing.T) {
 	if got := burstNowAt("g"); got != burst {
 		t.Fatalf("before the restart a fresh Global key admitted %d at once, want its burst %d", got, burst)
 	}
+	// The Hybrid key holds a lease when Redis goes: its bucket, drained
+	// now, must not come back fuller than its burst either.
+	eventually(t, 5*time.Second, "a Hybrid lease before the restart", func() bool {
+		d, err := l.Allow(ctx, "h", "k")
+		return err == nil && d.Source == hybrid.SourceLease
+	})
+	burstNowAt("h")
 	srv.Kill(t)
 	srv.Restart(t)
 	// The Global limit tried Redis while it was gone or finds it back; wait

@@ -105,12 +105,19 @@ func TestRedisCluster(t *testing.T) {
 }
 
 // TestRedisClusterMasterDown kills one master of three: the keys on its
-// slots follow their limit's outage policy once their leases run out, while
-// the keys on the other masters keep leasing; the master back, they recover.
+// slots follow their limit's outage policy (each of the three) once their
+// leases run out, while the keys on the other masters keep leasing; the
+// master back, they recover.
 func TestRedisClusterMasterDown(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	const instances = 2
-	limits := []hybrid.Limit{{Name: "closed", Rate: 1000, Burst: 100, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed}}
+	policies := map[string]hybrid.Policy{"local": hybrid.FailLocal, "open": hybrid.FailOpen, "closed": hybrid.FailClosed}
+	degraded := map[string]hybrid.Source{"local": hybrid.SourceLocal, "open": hybrid.SourceFailOpen, "closed": hybrid.SourceFailClosed}
+	names := []string{"local", "open", "closed"}
+	var limits []hybrid.Limit
+	for _, name := range names {
+		limits = append(limits, hybrid.Limit{Name: name, Rate: 1000, Burst: 100, Mode: hybrid.Hybrid, OnOutage: policies[name]})
+	}
 	inst := make([]*hybrid.Limiter, instances)
 	for i := range inst {
 		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), ReadTimeout: 200 * time.Millisecond,
@@ -118,22 +125,38 @@ func TestRedisClusterMasterDown(t *testing.T) {
 		t.Cleanup(func() { _ = cc.Close() })
 		inst[i] = newLimiter(t, hybrid.Config{Redis: cc, Members: membership.NewStatic(fmt.Sprint("instance-", i), instances), Limits: limits})
 	}
-	ks := keys(60)
-	// Which master holds each key's lease hash.
+	ks := keys(30)
+	// Which master holds each (limit, key)'s lease hash.
+	type lk struct{ limit, key string }
 	admin := cl.Masters[0].Client(t)
 	store := global.New(admin, "hybridlimit")
-	owner := make(map[string]int, len(ks))
-	for _, k := range ks {
-		slot, err := admin.ClusterKeySlot(context.Background(), store.LeaseKey("closed", k)).Result()
-		if err != nil {
-			t.Fatal(err)
+	owner := map[lk]int{}
+	for _, name := range names {
+		for _, k := range ks {
+			slot, err := admin.ClusterKeySlot(context.Background(), store.LeaseKey(name, k)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			owner[lk{name, k}] = int(slot) * len(cl.Masters) / 16384
 		}
-		owner[k] = int(slot) * len(cl.Masters) / 16384
+	}
+
+	const victim = 1
+	for _, name := range names {
+		on := 0
+		for _, k := range ks {
+			if owner[lk{name, k}] == victim {
+				on++
+			}
+		}
+		if on == 0 || on == len(ks) {
+			t.Fatalf("limit %s has %d of its %d keys on the master to be killed: the test needs some there and some elsewhere", name, on, len(ks))
+		}
 	}
 
 	var mu sync.Mutex
-	latest := map[string]hybrid.Source{}
-	slow := 0
+	latest := map[lk]hybrid.Source{}
+	slow, wrong := 0, 0
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, l := range inst {
@@ -146,19 +169,23 @@ func TestRedisClusterMasterDown(t *testing.T) {
 					return
 				default:
 				}
-				k := ks[i%len(ks)]
+				name := names[i%len(names)]
+				k := ks[(i/len(names))%len(ks)]
 				start := time.Now()
-				d, err := l.Allow(context.Background(), "closed", k)
+				d, err := l.Allow(context.Background(), name, k)
 				took := time.Since(start)
 				mu.Lock()
 				if err == nil {
-					latest[k] = d.Source
+					latest[lk{name, k}] = d.Source
+					if (d.Source == hybrid.SourceFailOpen && !d.Allowed) || (d.Source == hybrid.SourceFailClosed && d.Allowed) {
+						wrong++
+					}
 				}
 				if took > 100*time.Millisecond {
 					slow++
 				}
 				mu.Unlock()
-				if i%len(ks) == 0 {
+				if i%(len(ks)*len(names)) == 0 {
 					time.Sleep(time.Millisecond) // pace the load; waits for nothing
 				}
 			}
@@ -166,43 +193,49 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 
-	// state reports whether every key on master down decides with want
-	// and every other key on a lease.
-	state := func(down int, want hybrid.Source) bool {
+	// state reports whether every key on master down decides by its
+	// limit's policy and every other key on a lease.
+	state := func(down int) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, k := range ks {
-			w := hybrid.SourceLease
-			if owner[k] == down {
-				w = want
-			}
-			if latest[k] != w {
-				return false
+		for _, name := range names {
+			for _, k := range ks {
+				w := hybrid.SourceLease
+				if owner[lk{name, k}] == down {
+					w = degraded[name]
+				}
+				if latest[lk{name, k}] != w {
+					return false
+				}
 			}
 		}
 		return true
 	}
-	eventually(t, 5*time.Second, "every key on a lease", func() bool { return state(-1, hybrid.SourceLease) })
-	const victim = 1
+	eventually(t, 5*time.Second, "every key on a lease", func() bool { return state(-1) })
 	cl.Masters[victim].Kill(t)
 	killed := time.Now()
-	eventually(t, 10*time.Second, "keys of the dead master fail closed, the others keep leasing", func() bool {
-		return state(victim, hybrid.SourceFailClosed)
+	eventually(t, 10*time.Second, "keys of the dead master follow their policies, the others keep leasing", func() bool {
+		return state(victim)
 	})
-	t.Logf("keys of the dead master fail closed after %v", time.Since(killed).Round(time.Millisecond))
+	t.Logf("keys of the dead master follow their policies after %v", time.Since(killed).Round(time.Millisecond))
 	for _, l := range inst {
-		st, _ := l.Status("closed")
-		if st.Degraded || st.FailingKeys == 0 {
-			t.Errorf("status while one master is down: %+v; want the limit normal with some failing keys", st)
+		for _, name := range names {
+			st, _ := l.Status(name)
+			if st.Degraded || st.FailingKeys == 0 {
+				t.Errorf("%s while one master is down: %+v; want the limit normal with some failing keys", name, st)
+			}
 		}
 	}
 	cl.Masters[victim].Restart(t)
 	back := time.Now()
-	eventually(t, 15*time.Second, "every key on a lease again", func() bool { return state(-1, hybrid.SourceLease) })
+	eventually(t, 15*time.Second, "every key on a lease again", func() bool { return state(-1) })
 	t.Logf("leases back %v after the master restarted", time.Since(back).Round(time.Millisecond))
 	mu.Lock()
 	defer mu.Unlock()
 	if slow != 0 {
 		t.Errorf("%d decisions took over 100ms", slow)
+	}
+	if wrong != 0 {
+		t.Errorf("%d FailOpen decisions denied or FailClosed decisions admitted", wrong)
 	}
 }

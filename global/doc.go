@@ -8,10 +8,13 @@
 //
 // A rate lease says "instance i may admit r tokens/s on this key until t".
 // Store.Lease grants each instance the smaller of its max-min fair share of
-// the rate and what the other live leases leave free, so the sum of the live
-// grants of a key never exceeds its rate; instances holding more than their
-// fair share shrink at their next renewal. Many leases are renewed in one
-// pipelined round trip.
+// the rate and what the other live leases leave free; instances holding more
+// than their fair share shrink at their next renewal. A request also says
+// which grant the instance runs until its answer arrives (LeaseRequest.Running),
+// and Redis counts the instance at that one too until it ends, so the sum of
+// what the instances of a key may be running never exceeds its rate, even
+// when an answer is lost after Redis ran the request. Many leases are renewed
+// in one pipelined round trip.
 //
 // A Store does not decide anything by itself about outages or local quotas;
 // package hybrid composes it with a local limiter and a membership count.

@@ -40,6 +40,15 @@ type LeaseRequest struct {
 	// want alone, later the want plus an N-th of what nobody wants). Zero
 	// means TTL.
 	Cold time.Duration
+	// Running is the grant, in tokens per second, the instance is running
+	// now and RunningFor how much longer it will: it learns of the grant of
+	// this request only when the answer arrives, or never if the answer is
+	// lost. While RunningFor lasts, Redis counts the instance at the larger
+	// of Running and its new grant, so that what it gives up is not granted
+	// to the others before it stops running it. Zero for a key the instance
+	// holds no lease on.
+	Running    float64
+	RunningFor time.Duration
 }
 
 func (r *LeaseRequest) cold() time.Duration {
@@ -64,6 +73,10 @@ func (r *LeaseRequest) validate() error {
 		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, r.TTL)
 	case r.Cold < 0:
 		return fmt.Errorf("%w: cold %v is negative", ErrInvalid, r.Cold)
+	case !finite(r.Running) || r.Running < 0:
+		return fmt.Errorf("%w: running %v is not a non-negative finite number", ErrInvalid, r.Running)
+	case r.RunningFor < 0:
+		return fmt.Errorf("%w: running for %v is negative", ErrInvalid, r.RunningFor)
 	}
 	return nil
 }
@@ -95,8 +108,10 @@ type Lease struct {
 // (go-redis splits it per node on a Cluster); scripts missing from a node's
 // cache are sent again with EVAL in one more pipeline.
 //
-// Each grant is min(fair share, Rate − Σ grants of the other live leases),
-// so the sum of the live grants of a key never exceeds its rate.
+// Each grant is min(fair share, Rate − what the other live leases may be
+// running), so the sum of what the instances of a key may be running, each
+// counted at the larger of its grant and its Running until RunningFor ends,
+// never exceeds its rate.
 //
 // Invalid requests get an Err wrapping ErrInvalid in out and are not sent.
 // The returned error is non-nil only when the batch as a whole failed (no
@@ -117,6 +132,9 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 			strconv.Itoa(r.Instances),
 			strconv.FormatInt(int64(r.TTL/time.Microsecond), 10),
 			strconv.FormatInt(int64(r.cold()/time.Microsecond), 10),
+			formatFloat(r.Running),
+			// Rounded up: Redis must count the grant until it has ended.
+			strconv.FormatInt(int64((r.RunningFor+time.Microsecond-1)/time.Microsecond), 10),
 		}
 	}, func(i int) error { return reqs[i].validate() }, out)
 	if err != nil {
@@ -145,7 +163,7 @@ func (s *Store) Release(ctx context.Context, reqs []LeaseRequest) error {
 	out := make([]Lease, len(reqs))
 	cmds, err := s.runLeases(ctx, "release", reqs, func(i int) []any {
 		// Want 0 releases; rate, n and ttl only need to be valid.
-		return []any{reqs[i].Instance, "0", "0", "1", "1", "0"}
+		return []any{reqs[i].Instance, "0", "0", "1", "1", "0", "0", "0"}
 	}, func(i int) error {
 		if reqs[i].Instance == "" {
 			return fmt.Errorf("%w: empty instance", ErrInvalid)

@@ -1,7 +1,9 @@
 -- Rate lease: grant one instance its share of a global rate, on Redis server time.
 --
 -- KEYS[1]  lease hash: one field "i:<instance>" per instance, value
---          "granted want expiry_us"; a field "born" with the time (us) the
+--          "granted want expiry_us", or "granted want expiry_us running
+--          running_until_us" when the instance said it was running a grant
+--          until then; a field "born" with the time (us) the
 --          hash was created; and, while the key is young, "r:<instance>"
 --          (value: until when, us) for instances that released their lease
 -- ARGV[1]  instance id (non-empty)
@@ -11,16 +13,22 @@
 -- ARGV[5]  ttl_us, lease lifetime in microseconds (>= 1)
 -- ARGV[6]  cold_us, how long after the hash is born instances that have not
 --          asked yet are counted as wanting rate/n (>= 0)
+-- ARGV[7]  running, the grant this instance is running now, tokens per
+--          second (>= 0): it learns of this run's grant only when the answer
+--          arrives, and perhaps never (a lost answer)
+-- ARGV[8]  running_us, how much longer it runs that grant, microseconds (>= 0)
 --
 -- Returns {granted, fair, demand, contended ("0"/"1"), expiry_us}, all strings
 -- (fair: this instance's max-min fair share; when the key is uncontended, its
 -- want plus an N-th of what nobody wants)
 -- because Redis truncates Lua numbers to integers.
 --
--- Invariant: after every run, the sum of granted over the live leases of the
--- key is at most rate, because this instance is granted at most rate minus
--- what the other live leases already hold, and leases only otherwise shrink
--- (expire or are released).
+-- Invariant: after every run, the sum over the live leases of the key of
+-- what each instance may be running -- the larger of its grant and, until
+-- it ends, the grant it said it was running -- is at most rate, because
+-- this instance is granted at most rate minus what the others may be
+-- running, and it was counted at what it is running already. Leases only
+-- otherwise shrink (expire or are released).
 local key = KEYS[1]
 local inst = ARGV[1]
 local want = tonumber(ARGV[2])
@@ -28,8 +36,11 @@ local rate = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local cold = tonumber(ARGV[6])
+local running = tonumber(ARGV[7])
+local running_us = tonumber(ARGV[8])
 if inst == nil or inst == '' or not want or not rate or not n or not ttl or not cold
-    or want < 0 or rate < 0 or n < 1 or ttl < 1 or cold < 0 then
+    or not running or not running_us
+    or want < 0 or rate < 0 or n < 1 or ttl < 1 or cold < 0 or running < 0 or running_us < 0 then
   return redis.error_reply('ERR hybridlimit: invalid lease arguments')
 end
 
@@ -59,15 +70,30 @@ for i = 1, #fields, 2 do
       if e > last then last = e end
     end
   else
-  local g, w, e = string.match(fields[i + 1], '^(%S+) (%S+) (%S+)$')
-  g, w, e = tonumber(g), tonumber(w), tonumber(e)
-  if not g or not w or not e or e <= now then
+  local v = fields[i + 1]
+  local g, w, e, rg, re = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if not g then
+    g, w, e = string.match(v, '^(%S+) (%S+) (%S+)$')
+    rg, re = '0', '0'
+  end
+  g, w, e, rg, re = tonumber(g), tonumber(w), tonumber(e), tonumber(rg), tonumber(re)
+  if not g or not w or not e or not rg or not re then
     dead[#dead + 1] = id
-  elseif id ~= self then
-    wants[#wants + 1] = w
-    others = others + g
-    leased[string.sub(id, 3)] = true
-    if e > last then last = e end
+  else
+    -- What the instance may be running: its grant while the lease lives,
+    -- and the larger grant it was running when it asked, until that ends.
+    local holds = 0
+    if e > now then holds = g end
+    if re > now and rg > holds then holds = rg end
+    local until_ = math.max(e, re)
+    if until_ <= now then
+      dead[#dead + 1] = id
+    elseif id ~= self then
+      if e > now then wants[#wants + 1] = w end
+      others = others + holds
+      leased[string.sub(id, 3)] = true
+      if until_ > last then last = until_ end
+    end
   end
   end
 end
@@ -149,8 +175,18 @@ if want == 0 then
 else
   expiry = now + ttl
   redis.call('HDEL', key, 'r:' .. inst)
-  redis.call('HSET', key, self,
-    string.format('%.17g %.17g %d', granted, want, expiry))
+  if running > 0 and running_us > 0 then
+    -- Until it hears of this grant the instance runs the one it has: count
+    -- that too, until it ends, so that what it gives up is not granted to
+    -- others early (the one it has may be larger, or last longer).
+    local running_until = now + running_us
+    redis.call('HSET', key, self,
+      string.format('%.17g %.17g %d %.17g %d', granted, want, expiry, running, running_until))
+    if running_until > last then last = running_until end
+  else
+    redis.call('HSET', key, self,
+      string.format('%.17g %.17g %d', granted, want, expiry))
+  end
 end
 if expiry > last then last = expiry end
 -- The hash lives as long as its latest lease, so it vanishes with the last one.

@@ -122,17 +122,39 @@ func TestLeaseConvergence(t *testing.T) {
 	}
 }
 
+// TestLeaseRandomInvariant sends random requests from several workers,
+// each owning three instances, and loses a quarter of the answers at random:
+// an instance that loses one keeps running the grant it had and says so in
+// its next request, as hybrid's does. Every snapshot of the hash counts at
+// most the rate, and so, at every moment, does what the instances actually
+// run.
 func TestLeaseRandomInvariant(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	store := global.New(rdb, "")
 	const (
-		workers   = 4
-		calls     = 400
-		instances = 8
-		keys      = 3
+		workers = 4
+		calls   = 400
+		keys    = 3
 	)
 	rates := [keys]float64{10, 1000, 0.5}
+	type running struct {
+		granted float64
+		until   time.Time
+	}
+	// What each (instance, key) runs, as the instances see it; guarded by
+	// mu, which also orders each worker's check after its own updates.
+	var mu sync.Mutex
+	runs := map[[2]string]running{}
+	runningSum := func(k string, now time.Time) float64 {
+		sum := 0.0
+		for ik, r := range runs {
+			if ik[1] == k && r.until.After(now) {
+				sum += r.granted
+			}
+		}
+		return sum
+	}
 	var wg sync.WaitGroup
 	var failed atomic.Bool
 	for w := range workers {
@@ -140,68 +162,70 @@ func TestLeaseRandomInvariant(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 42))
 			for c := 0; c < calls && !failed.Load(); c++ {
 				k := rng.IntN(keys)
+				key := fmt.Sprint(k)
 				rate := rates[k]
-				// Several requests on one key in one pipeline, too.
+				// Several requests on one key in one pipeline too, each from
+				// another instance, as hybrid sends them: one request per
+				// instance and key at a time, answered in order.
 				reqs := make([]global.LeaseRequest, 1+rng.IntN(3))
+				ids := make([][2]string, len(reqs))
+				first := rng.IntN(3)
+				now := time.Now()
+				mu.Lock()
 				for j := range reqs {
+					ids[j] = [2]string{fmt.Sprintf("w%d-i%d", w, (first+j)%3), key}
 					want := rng.Float64() * 2 * rate
 					if rng.IntN(8) == 0 {
 						want = 0
 					}
 					reqs[j] = global.LeaseRequest{
-						Limit: "rand", Key: fmt.Sprint(k), Instance: fmt.Sprint("i", rng.IntN(instances)),
-						Want: want, Rate: rate, Instances: 1 + rng.IntN(instances+2),
+						Limit: "rand", Key: key, Instance: ids[j][0],
+						Want: want, Rate: rate, Instances: 1 + rng.IntN(2*workers+2),
 						TTL: time.Duration(1+rng.IntN(200)) * time.Millisecond,
 					}
+					if r := runs[ids[j]]; want == 0 {
+						// A release: the instance stops running its grant first.
+						delete(runs, ids[j])
+					} else if r.until.After(now) {
+						reqs[j].Running, reqs[j].RunningFor = r.granted, r.until.Sub(now)
+					}
 				}
+				mu.Unlock()
 				out := make([]global.Lease, len(reqs))
 				if err := store.Lease(context.Background(), reqs, out); err != nil {
 					t.Errorf("Lease: %v", err)
 					failed.Store(true)
 					return
 				}
+				mu.Lock()
 				for j, l := range out {
 					if l.Err != nil || l.Granted < 0 || l.Granted > rate*(1+1e-12) {
 						t.Errorf("Lease(%+v) = %+v", reqs[j], l)
 						failed.Store(true)
 					}
+					if reqs[j].Want > 0 && rng.IntN(4) != 0 {
+						// The answer arrived: the grant is in force from
+						// now until a TTL after the request went out.
+						runs[ids[j]] = running{l.Granted, now.Add(reqs[j].TTL)}
+					}
 				}
-				// Grants only shrink between script runs, so every snapshot
-				// of the hash must satisfy the invariant.
-				key := store.LeaseKey("rand", fmt.Sprint(k))
-				sum := 0.0
-				for _, f := range readLeasesNoFatal(rdb, key) {
-					sum += f.granted
+				if sum := runningSum(key, time.Now()); sum > rate*(1+1e-9)+1e-9 {
+					t.Errorf("worker %d call %d: the instances run %v on key %s, above its rate %v", w, c, sum, key, rate)
+					failed.Store(true)
 				}
-				if sum > rate*(1+1e-12)+1e-12 {
-					t.Errorf("worker %d call %d: sum of live grants %v exceeds rate %v", w, c, sum, rate)
+				mu.Unlock()
+				// What Redis counts only shrinks between script runs, so
+				// every snapshot of the hash must satisfy the invariant.
+				sum, err := heldSum(rdb, store.LeaseKey("rand", key))
+				if err != nil || sum > rate*(1+1e-12)+1e-12 {
+					f, now, _ := snapshot(rdb, store.LeaseKey("rand", key))
+					t.Errorf("worker %d call %d: sum of what the instances may run %v exceeds rate %v (%v); server time %d us, leases %+v", w, c, sum, rate, err, now, f)
 					failed.Store(true)
 				}
 			}
 		})
 	}
 	wg.Wait()
-}
-
-// readLeasesNoFatal is readLeases for goroutines other than the test's:
-// unparseable fields count as a huge grant so the caller's check fails.
-func readLeasesNoFatal(rdb *redis.Client, key string) []leaseField {
-	h, err := rdb.HGetAll(context.Background(), key).Result()
-	if err != nil {
-		return []leaseField{{granted: 1e300}}
-	}
-	var out []leaseField
-	for id, v := range h {
-		if id == "born" || strings.HasPrefix(id, "r:") {
-			continue
-		}
-		var f leaseField
-		if _, err := fmt.Sscanf(v, "%g %g %d", &f.granted, &f.want, &f.expiryUS); err != nil {
-			f.granted = 1e300
-		}
-		out = append(out, f)
-	}
-	return out
 }
 
 func TestLeaseExpiry(t *testing.T) {
@@ -468,6 +492,10 @@ func TestLeaseInvalid(t *testing.T) {
 		{"zero ttl", func(r *global.LeaseRequest) { r.TTL = 0 }},
 		{"negative ttl", func(r *global.LeaseRequest) { r.TTL = -time.Second }},
 		{"ttl below a microsecond", func(r *global.LeaseRequest) { r.TTL = time.Nanosecond }},
+		{"NaN running", func(r *global.LeaseRequest) { r.Running = nan() }},
+		{"infinite running", func(r *global.LeaseRequest) { r.Running = inf() }},
+		{"negative running", func(r *global.LeaseRequest) { r.Running = -1 }},
+		{"negative running for", func(r *global.LeaseRequest) { r.RunningFor = -time.Millisecond }},
 	}
 	store := global.New(noNetwork{}, "") // any network call panics
 	ctx := context.Background()
@@ -529,4 +557,50 @@ func TestLeaseSurplusOnceSettled(t *testing.T) {
 	if got := lease(t, store, req("b", 30, 4)); !approx(got.Granted, 30+(100-40)/4.0) {
 		t.Fatalf("second instance: granted %v, want %v", got.Granted, 30+(100-40)/4.0)
 	}
+}
+
+// TestLeaseRunningIsCounted: an instance whose grant shrinks says, in the
+// request, what it runs until the answer reaches it. Until that ends Redis
+// counts it at the larger grant, so the other instance is not granted the
+// difference early (were the answer lost, both would run more than the
+// rate); once it ends, the other gets its fair share.
+func TestLeaseRunningIsCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	const rate = 10.0
+	req := func(inst string, want, running float64, runningFor time.Duration) global.LeaseRequest {
+		// Cold 1µs: the key is not young, no instance is counted unasked.
+		return global.LeaseRequest{Limit: "run", Key: "k", Instance: inst, Want: want, Rate: rate, Instances: 2,
+			TTL: 10 * time.Second, Cold: time.Microsecond, Running: running, RunningFor: runningFor}
+	}
+	key := store.LeaseKey("run", "k")
+	// The request that creates the hash still counts b unasked; the next
+	// one, a microsecond later at least, no longer does.
+	first := lease(t, store, req("a", 9, 0, 0))
+	a := lease(t, store, req("a", 9, first.Granted, 10*time.Second))
+	if !approx(a.Granted, 9.5) {
+		t.Fatalf("a alone, wanting 9: granted %v, want 9 + half of what nobody wants = 9.5", a.Granted)
+	}
+	if b := lease(t, store, req("b", 10, 0, 0)); !approx(b.Granted, 0.5) {
+		t.Fatalf("b wanting 10 beside a's 9.5: granted %v, want the 0.5 left", b.Granted)
+	}
+	const claim = 300 * time.Millisecond
+	shrunk := lease(t, store, req("a", 9, 9.5, claim))
+	claimed := time.Now()
+	if !approx(shrunk.Granted, 5) {
+		t.Fatalf("a renewing against b: granted %v, want its fair 5", shrunk.Granted)
+	}
+	checkSum(t, rdb, key, rate, "after a shrank")
+	if b := lease(t, store, req("b", 10, 0.5, 10*time.Second)); time.Since(claimed) < claim && !approx(b.Granted, 0.5) {
+		t.Fatalf("b while a may still run 9.5: granted %v, want 0.5", b.Granted)
+	}
+	checkSum(t, rdb, key, rate, "b beside a's claim")
+	waitFor(t, "b gets its fair share once a's claim ends", func() bool {
+		return approx(lease(t, store, req("b", 10, 0.5, 10*time.Second)).Granted, 5)
+	})
+	if time.Since(claimed) < claim {
+		t.Errorf("b got a's share %v after a's claim was made, before its %v ran out", time.Since(claimed), claim)
+	}
+	checkSum(t, rdb, key, rate, "after a's claim ended")
 }

@@ -325,7 +325,13 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 			ttl = min(l.cfg.ContendedTTL<<min(max(le.stable-settleAfter+1, 0), 16), l.cfg.UncontendedTTL)
 		}
 		le.lastWant = want
-		b.add(ls, le, l.request(ls, st.Key, want, n, ttl))
+		req := l.request(ls, st.Key, want, n, ttl)
+		if le.held && now.Before(le.until) {
+			// Until the answer arrives (if ever) this grant stays in
+			// force: Redis counts it until it ends.
+			req.Running, req.RunningFor = le.granted, le.until.Sub(now)
+		}
+		b.add(ls, le, req)
 		le.requested = true
 		le.sentAt = now
 		le.attemptedAt = st.Attempted
@@ -427,6 +433,10 @@ func (l *Limiter) setKeyFailed(ls *limitState, key string, le *lease, failed boo
 // than it does in Redis whatever the clocks say.
 func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseRequest, le *lease, res *global.Lease) {
 	first := !le.held && le.granted == 0
+	// Redis counts this instance at the grant it ran when it asked, until
+	// that ends; once the smaller one is in force, say so at the next tick
+	// so that what it gave up goes to the others.
+	shrank := req.Running > res.Granted
 	settled := res.Contended && res.Granted >= res.Fair*0.99 && le.granted > 0 &&
 		math.Abs(res.Granted-le.granted) <= 0.01*le.granted
 	if settled {
@@ -451,6 +461,9 @@ func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseReq
 		le.renewAt = sent.Add(min(req.TTL, l.cfg.ContendedTTL) / 2)
 	default:
 		le.renewAt = sent.Add(req.TTL / 2)
+	}
+	if shrank {
+		le.renewAt = now.Add(l.cfg.Tick)
 	}
 	share := local.Share{
 		Limit: rate.Limit(res.Granted),

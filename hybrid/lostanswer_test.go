@@ -1,0 +1,97 @@
+package hybrid_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/faultproxy"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// TestLostAnswersKeepTheBound is invariant 1 when Redis runs an instance's
+// renewals but their answers never arrive (latency on the way back only,
+// beyond the client timeout). Instance a holds most of a key's rate when
+// its answers start to get lost and b starts wanting the key too: Redis
+// then shrinks a's grant in its renewals, but a, never told, keeps running
+// the grant it holds until that runs out. Redis must go on counting what a
+// may still be running, or b is granted the difference early and the two
+// admit more than the rate.
+func TestLostAnswersKeepTheBound(t *testing.T) {
+	const (
+		rate, burst = 1000.0, 20
+		instances   = 2
+		// a's lease hash is older than UncontendedTTL by then, so Redis
+		// no longer counts b at rate/N: a holds an uncontended grant of
+		// its want and half of what nobody wants.
+		faultAt = 3 * time.Second
+		total   = 6 * time.Second
+	)
+	srv := redistest.Start(t)
+	toA := faultproxy.Start(t, srv.Addr)
+	limit := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	inst := make([]*hybrid.Limiter, instances)
+	regA := prometheus.NewRegistry()
+	for i := range inst {
+		addr, reg := srv.Addr, prometheus.NewRegistry()
+		if i == 0 {
+			addr, reg = toA.Addr, regA
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 200 * time.Millisecond,
+			WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		t.Cleanup(func() { _ = rdb.Close() })
+		inst[i] = newLimiter(t, hybrid.Config{
+			Redis:      rdb,
+			Members:    membership.NewStatic(fmt.Sprintf("instance-%d", i), instances),
+			Limits:     []hybrid.Limit{limit},
+			Registerer: reg,
+			// a's uncontended lease, renewed at half-life, outlives its
+			// first lost answer by about a second.
+			UncontendedTTL: 2 * time.Second,
+		})
+	}
+	a, b := inst[0], inst[1]
+
+	// a alone wants 80% of the rate from the start; b, idle until the
+	// fault, then wants more than the whole rate.
+	var oa, ob outcome
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(faultAt) // schedules b's load; waits for nothing
+		ob = drive(t, []*hybrid.Limiter{b}, load{limit: "api", keys: []string{"k"}, perInst: []float64{1.5 * rate}, duration: total - faultAt})
+	}()
+	oa = drive(t, []*hybrid.Limiter{a}, load{limit: "api", keys: []string{"k"}, perInst: []float64{0.8 * rate}, duration: total,
+		duringAt: faultAt, during: func() { toA.Latency(t, faultproxy.Downstream, 2*time.Second) }})
+	<-done
+
+	if n := counterSum(t, regA, "hybridlimit_redis_errors_total"); n == 0 {
+		t.Fatal("no renewal of a failed: the fault did not hold back its answers")
+	}
+	admitted := slices.Clone(oa.admitted["k"])
+	shift := ob.start.Sub(oa.start)
+	for _, at := range ob.admitted["k"] {
+		admitted = append(admitted, at+shift)
+	}
+	slices.Sort(admitted)
+	t.Logf("a admitted %d (sources %v), b admitted %d (sources %v)", len(oa.admitted["k"]), oa.sources, len(ob.admitted["k"]), ob.sources)
+	tick := hybrid.DefaultConfig(nil, nil).Tick.Seconds()
+	coldStart := instances * (burst/instances + rate/instances*tick)
+	for _, w := range []time.Duration{500 * time.Millisecond, time.Second} {
+		bound := rate*w.Seconds() + burst + coldStart + instances
+		got := maxInWindow(admitted, w)
+		t.Logf("window %v: at most %d admitted, bound %.0f", w, got, bound)
+		if float64(got) > bound {
+			t.Errorf("%d admitted in a %v window, above rate·w + burst + b's cold start = %.0f", got, w, bound)
+		}
+	}
+	if oa.slow+ob.slow != 0 || oa.errs+ob.errs != 0 {
+		t.Errorf("%d slow decisions, %d errors", oa.slow+ob.slow, oa.errs+ob.errs)
+	}
+}

@@ -26,6 +26,10 @@ const (
 	// settleAfter is how many contended renewals in a row must leave a
 	// grant unchanged (within 1%) before its lease lifetime starts to grow.
 	settleAfter = 3
+	// ackShrink of the rate is the least shrink of a grant that the
+	// instance tells Redis about at the next tick rather than at its next
+	// renewal.
+	ackShrink = 0.05
 	// A key's demand is measured over the most recent window that holds
 	// at least demandTokens tokens (or all its recorded history, demandSamples
 	// renewals back): a busy key follows shifts within a renewal or two,
@@ -435,8 +439,10 @@ func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseReq
 	first := !le.held && le.granted == 0
 	// Redis counts this instance at the grant it ran when it asked, until
 	// that ends; once the smaller one is in force, say so at the next tick
-	// so that what it gave up goes to the others.
-	shrank := req.Running > res.Granted
+	// so that what it gave up goes to the others -- when that is enough to
+	// matter: a small shrink is left to the next renewal, which costs no
+	// extra command and frees it at the latest when the old grant ends.
+	shrank := req.Running-res.Granted > ackShrink*ls.Rate
 	settled := res.Contended && res.Granted >= res.Fair*0.99 && le.granted > 0 &&
 		math.Abs(res.Granted-le.granted) <= 0.01*le.granted
 	if settled {

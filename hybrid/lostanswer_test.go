@@ -22,7 +22,7 @@ import (
 // then shrinks a's grant in its renewals, but a, never told, keeps running
 // the grant it holds until that runs out. Redis must go on counting what a
 // may still be running, or b is granted the difference early and the two
-// admit more than the rate.
+// admit more than the rate. Measured while a decides on its lease.
 func TestLostAnswersKeepTheBound(t *testing.T) {
 	const (
 		rate, burst = 1000.0, 20
@@ -31,7 +31,14 @@ func TestLostAnswersKeepTheBound(t *testing.T) {
 		// no longer counts b at rate/N: a holds an uncontended grant of
 		// its want and half of what nobody wants.
 		faultAt = 3 * time.Second
-		total   = 6 * time.Second
+		// The run ends when a's last lease can have run out at the latest:
+		// its last renewal that got an answer came before the fault, and
+		// a lease is in force locally for 90% of UncontendedTTL. After
+		// that a, cut off from Redis, follows FailLocal at rate/N while b
+		// may lease the rest: a partial outage, which invariant 1 does not
+		// cover (see the README's known limits).
+		ttl   = 2 * time.Second
+		total = faultAt + ttl*9/10
 	)
 	srv := redistest.Start(t)
 	toA := faultproxy.Start(t, srv.Addr)
@@ -53,7 +60,7 @@ func TestLostAnswersKeepTheBound(t *testing.T) {
 			Registerer: reg,
 			// a's uncontended lease, renewed at half-life, outlives its
 			// first lost answer by about a second.
-			UncontendedTTL: 2 * time.Second,
+			UncontendedTTL: ttl,
 		})
 	}
 	a, b := inst[0], inst[1]

@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/faultproxy"
 	"github.com/hybridlimit/hybridlimit/internal/gossiptest"
@@ -38,14 +36,12 @@ func TestInstanceCrash(t *testing.T) {
 	for i, name := range names {
 		m := partitionNode(t, nw, name, groups[i], seeds...)
 		seeds = append(seeds, m.Addr())
-		rdb := fastClient(t, srv)
+		addr := srv.Addr
 		if name == "victim" {
-			rdb = redis.NewClient(&redis.Options{Addr: toVictim.Addr, ReadTimeout: 200 * time.Millisecond,
-				WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-			t.Cleanup(func() { _ = rdb.Close() })
+			addr = toVictim.Addr
 		}
 		inst[i] = newLimiter(t, hybrid.Config{
-			Redis:   rdb,
+			Redis:   fastClientTo(t, addr),
 			Members: m,
 			Limits:  limits,
 			// Short leases, so that the victim's runs out soon after the crash.

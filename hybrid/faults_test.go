@@ -118,12 +118,9 @@ func testFault(t *testing.T, f fault) {
 	inst := make([]*hybrid.Limiter, instances)
 	regs := make([]*prometheus.Registry, instances)
 	for i := range inst {
-		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ReadTimeout: 200 * time.Millisecond,
-			WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-		t.Cleanup(func() { _ = rdb.Close() })
 		regs[i] = prometheus.NewRegistry()
 		inst[i] = newLimiter(t, hybrid.Config{
-			Redis:          rdb,
+			Redis:          fastClientTo(t, proxy.Addr),
 			Members:        membership.NewStatic(fmt.Sprintf("instance-%d", i), instances),
 			Limits:         limits,
 			UncontendedTTL: longest,

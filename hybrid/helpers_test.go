@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/membership"
@@ -33,11 +31,8 @@ func cluster(t testing.TB, srv *redistest.Server, n int, tune func(*hybrid.Confi
 	t.Helper()
 	ls := make([]*hybrid.Limiter, n)
 	for i := range ls {
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 200 * time.Millisecond,
-			WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-		t.Cleanup(func() { _ = rdb.Close() })
 		cfg := hybrid.Config{
-			Redis:   rdb,
+			Redis:   fastClient(t, srv),
 			Members: membership.NewStatic(fmt.Sprintf("instance-%d", i), n),
 			Limits:  limits,
 		}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/faultproxy"
@@ -50,11 +49,8 @@ func TestLostAnswersKeepTheBound(t *testing.T) {
 		if i == 0 {
 			addr, reg = toA.Addr, regA
 		}
-		rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 200 * time.Millisecond,
-			WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-		t.Cleanup(func() { _ = rdb.Close() })
 		inst[i] = newLimiter(t, hybrid.Config{
-			Redis:      rdb,
+			Redis:      fastClientTo(t, addr),
 			Members:    membership.NewStatic(fmt.Sprintf("instance-%d", i), instances),
 			Limits:     []hybrid.Limit{limit},
 			Registerer: reg,

@@ -19,7 +19,14 @@ import (
 // gone (no retries, short timeouts), closed in t.Cleanup.
 func fastClient(t testing.TB, srv *redistest.Server) *redis.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 200 * time.Millisecond,
+	return fastClientTo(t, srv.Addr)
+}
+
+// fastClientTo is fastClient to any address, a fault proxy's for example:
+// the 200 ms client timeout the fault tests count slow decisions against.
+func fastClientTo(t testing.TB, addr string) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 200 * time.Millisecond,
 		WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb

@@ -338,19 +338,13 @@ func ourGoroutines() int {
 // histogramCount returns the sample count of the named histogram in reg.
 func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	ms := metricsNamed(t, reg, name)
+	if ms == nil {
+		t.Fatalf("no metric %s", name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			var n uint64
-			for _, m := range mf.GetMetric() {
-				n += m.GetHistogram().GetSampleCount()
-			}
-			return n
-		}
+	var n uint64
+	for _, m := range ms {
+		n += m.GetHistogram().GetSampleCount()
 	}
-	t.Fatalf("no metric %s", name)
-	return 0
+	return n
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -50,20 +51,28 @@ func countTrue(bs []bool) int {
 	return n
 }
 
-// counterSum is the sum of every series of the counter name in reg.
-func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metricsNamed returns the series of the metric name in reg, nil if there
+// is none.
+func metricsNamed(t *testing.T, reg *prometheus.Registry, name string) []*dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
+			return mf.GetMetric()
 		}
+	}
+	return nil
+}
+
+// counterSum is the sum of every series of the counter name in reg.
+func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, m := range metricsNamed(t, reg, name) {
+		sum += m.GetCounter().GetValue()
 	}
 	return sum
 }

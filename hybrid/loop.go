@@ -26,6 +26,10 @@ const (
 	// settleAfter is how many contended renewals in a row must leave a
 	// grant unchanged (within 1%) before its lease lifetime starts to grow.
 	settleAfter = 3
+	// ackShrink of the rate is the least shrink of a grant that the
+	// instance tells Redis about at the next tick rather than at its next
+	// renewal.
+	ackShrink = 0.05
 	// A key's demand is measured over the most recent window that holds
 	// at least demandTokens tokens (or all its recorded history, demandSamples
 	// renewals back): a busy key follows shifts within a renewal or two,
@@ -328,11 +332,7 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
 		req := l.request(ls, st.Key, want, n, ttl)
 		if le.held && now.Before(le.until) {
 			// Until the answer arrives (if ever) this grant stays in
-			// force: Redis counts it until it ends, or until the next
-			// request says it no longer runs it. A shrink under contention
-			// renews within ContendedTTL/2 anyway, which frees what it
-			// gave up; telling Redis at the next tick made no measurable
-			// difference to utilisation and cost commands.
+			// force: Redis counts it until it ends.
 			req.Running, req.RunningFor = le.granted, le.until.Sub(now)
 		}
 		b.add(ls, le, req)
@@ -437,6 +437,12 @@ func (l *Limiter) setKeyFailed(ls *limitState, key string, le *lease, failed boo
 // than it does in Redis whatever the clocks say.
 func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseRequest, le *lease, res *global.Lease) {
 	first := !le.held && le.granted == 0
+	// Redis counts this instance at the grant it ran when it asked, until
+	// that ends; once the smaller one is in force, say so at the next tick
+	// so that what it gave up goes to the others -- when that is enough to
+	// matter: a small shrink is left to the next renewal, which costs no
+	// extra command and frees it at the latest when the old grant ends.
+	shrank := req.Running-res.Granted > ackShrink*ls.Rate
 	settled := res.Contended && res.Granted >= res.Fair*0.99 && le.granted > 0 &&
 		math.Abs(res.Granted-le.granted) <= 0.01*le.granted
 	if settled {
@@ -461,6 +467,9 @@ func (l *Limiter) apply(now, sent time.Time, ls *limitState, req global.LeaseReq
 		le.renewAt = sent.Add(min(req.TTL, l.cfg.ContendedTTL) / 2)
 	default:
 		le.renewAt = sent.Add(req.TTL / 2)
+	}
+	if shrank {
+		le.renewAt = now.Add(l.cfg.Tick)
 	}
 	share := local.Share{
 		Limit: rate.Limit(res.Granted),

@@ -1,0 +1,82 @@
+package hybrid_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// TestShrinkIsToldAtOnce: an instance whose grant shrinks is counted in
+// Redis at its old grant until that ends (it may not have heard of the new
+// one), so it says so as soon as the smaller grant is in force, and what it
+// gave up goes to the instance that wants it within a few of that one's
+// renewals, not at its own next renewal (a contended one, ContendedTTL/2
+// later) nor once the old grant runs out. Counted in renewal rounds of the
+// instance waiting for the share, which renews every two ticks while it
+// holds less than its fair share: about 7 of them would pass before a's
+// next renewal here.
+func TestShrinkIsToldAtOnce(t *testing.T) {
+	const (
+		rate, burst = 1000.0, 20
+		instances   = 2
+		ttl         = 2 * time.Second
+		// A long contended lease, so that a's next renewal after it shrinks
+		// comes well after the tick at which it should tell Redis.
+		contendedTTL = 1500 * time.Millisecond
+		// a's lease hash is older than UncontendedTTL by then: a holds an
+		// uncontended grant of about 94% of the rate.
+		bFrom = 2500 * time.Millisecond
+		total = bFrom + 3*time.Second
+	)
+	srv := redistest.Start(t)
+	limit := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	inst := make([]*hybrid.Limiter, instances)
+	regs := make([]*prometheus.Registry, instances)
+	for i := range inst {
+		regs[i] = prometheus.NewRegistry()
+		inst[i] = newLimiter(t, hybrid.Config{
+			Redis:          fastClient(t, srv),
+			Members:        membership.NewStatic(fmt.Sprintf("instance-%d", i), instances),
+			Limits:         []hybrid.Limit{limit},
+			Registerer:     regs[i],
+			UncontendedTTL: ttl,
+			ContendedTTL:   contendedTTL,
+		})
+	}
+	a, b := inst[0], inst[1]
+	leased := func(l *hybrid.Limiter) float64 { return mustStatus(t, l, "api").LeasedRate }
+	bRounds := func() uint64 { return histogramCount(t, regs[1], "hybridlimit_renewal_duration_seconds") }
+
+	done := make(chan struct{}, 2)
+	defer func() { <-done; <-done }()
+	start := time.Now()
+	go func() {
+		drive(t, []*hybrid.Limiter{a}, load{limit: "api", keys: []string{"k"}, perInst: []float64{0.8 * rate}, duration: total})
+		done <- struct{}{}
+	}()
+	eventually(t, 5*time.Second, "a leases most of the rate", func() bool { return leased(a) > 0.9*rate })
+	time.Sleep(time.Until(start.Add(bFrom))) // schedules b's load; waits for nothing
+	go func() {
+		drive(t, []*hybrid.Limiter{b}, load{limit: "api", keys: []string{"k"}, perInst: []float64{1.5 * rate}, duration: total - bFrom})
+		done <- struct{}{}
+	}()
+
+	// a shrinks to its fair half at its next renewal (its lease's half-life).
+	var from uint64
+	eventually(t, ttl, "a's grant shrinks to its fair share", func() bool {
+		from = bRounds()
+		return leased(a) > 0 && leased(a) < 0.6*rate
+	})
+	eventually(t, ttl, "b leases what a gave up", func() bool { return leased(b) > 0.45*rate })
+	n := bRounds() - from
+	t.Logf("b leased %.0f/s %d renewal rounds after a shrank to %.0f/s", leased(b), n, leased(a))
+	if n > 3 {
+		t.Errorf("b took %d renewal rounds to get what a gave up, want at most 3: a did not tell Redis it had shrunk", n)
+	}
+}

@@ -29,6 +29,18 @@ func newLimiter(t testing.TB, cfg hybrid.Config) *hybrid.Limiter {
 // static instance count of n, as n service instances would be.
 func cluster(t testing.TB, srv *redistest.Server, n int, tune func(*hybrid.Config), limits ...hybrid.Limit) []*hybrid.Limiter {
 	t.Helper()
+	return clusterEach(t, srv, n, func(_ int, c *hybrid.Config) {
+		if tune != nil {
+			tune(c)
+		}
+	}, limits...)
+}
+
+// clusterEach is cluster with a tune that sees which instance it sets up,
+// for instances that differ: a client through a fault proxy, a registry of
+// their own.
+func clusterEach(t testing.TB, srv *redistest.Server, n int, tune func(i int, c *hybrid.Config), limits ...hybrid.Limit) []*hybrid.Limiter {
+	t.Helper()
 	ls := make([]*hybrid.Limiter, n)
 	for i := range ls {
 		cfg := hybrid.Config{
@@ -36,9 +48,7 @@ func cluster(t testing.TB, srv *redistest.Server, n int, tune func(*hybrid.Confi
 			Members: membership.NewStatic(fmt.Sprintf("instance-%d", i), n),
 			Limits:  limits,
 		}
-		if tune != nil {
-			tune(&cfg)
-		}
+		tune(i, &cfg)
 		ls[i] = newLimiter(t, cfg)
 	}
 	return ls

@@ -1,7 +1,6 @@
 package hybrid_test
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/faultproxy"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
-	"github.com/hybridlimit/hybridlimit/membership"
 )
 
 // TestLostAnswersKeepTheBound is invariant 1 when Redis runs an instance's
@@ -42,23 +40,15 @@ func TestLostAnswersKeepTheBound(t *testing.T) {
 	srv := redistest.Start(t)
 	toA := faultproxy.Start(t, srv.Addr)
 	limit := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
-	inst := make([]*hybrid.Limiter, instances)
 	regA := prometheus.NewRegistry()
-	for i := range inst {
-		addr, reg := srv.Addr, prometheus.NewRegistry()
+	inst := clusterEach(t, srv, instances, func(i int, c *hybrid.Config) {
 		if i == 0 {
-			addr, reg = toA.Addr, regA
+			c.Redis, c.Registerer = fastClientTo(t, toA.Addr), regA
 		}
-		inst[i] = newLimiter(t, hybrid.Config{
-			Redis:      fastClientTo(t, addr),
-			Members:    membership.NewStatic(fmt.Sprintf("instance-%d", i), instances),
-			Limits:     []hybrid.Limit{limit},
-			Registerer: reg,
-			// a's uncontended lease, renewed at half-life, outlives its
-			// first lost answer by about a second.
-			UncontendedTTL: ttl,
-		})
-	}
+		// a's uncontended lease, renewed at half-life, outlives its first
+		// lost answer by about a second.
+		c.UncontendedTTL = ttl
+	}, limit)
 	a, b := inst[0], inst[1]
 
 	// a alone wants 80% of the rate from the start; b, idle until the

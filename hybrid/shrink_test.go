@@ -1,7 +1,6 @@
 package hybrid_test
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -9,7 +8,6 @@ import (
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
-	"github.com/hybridlimit/hybridlimit/membership"
 )
 
 // TestShrinkIsToldAtOnce: an instance whose grant shrinks is counted in
@@ -36,19 +34,10 @@ func TestShrinkIsToldAtOnce(t *testing.T) {
 	)
 	srv := redistest.Start(t)
 	limit := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
-	inst := make([]*hybrid.Limiter, instances)
-	regs := make([]*prometheus.Registry, instances)
-	for i := range inst {
-		regs[i] = prometheus.NewRegistry()
-		inst[i] = newLimiter(t, hybrid.Config{
-			Redis:          fastClient(t, srv),
-			Members:        membership.NewStatic(fmt.Sprintf("instance-%d", i), instances),
-			Limits:         []hybrid.Limit{limit},
-			Registerer:     regs[i],
-			UncontendedTTL: ttl,
-			ContendedTTL:   contendedTTL,
-		})
-	}
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	inst := clusterEach(t, srv, instances, func(i int, c *hybrid.Config) {
+		c.Registerer, c.UncontendedTTL, c.ContendedTTL = regs[i], ttl, contendedTTL
+	}, limit)
 	a, b := inst[0], inst[1]
 	leased := func(l *hybrid.Limiter) float64 { return mustStatus(t, l, "api").LeasedRate }
 	bRounds := func() uint64 { return histogramCount(t, regs[1], "hybridlimit_renewal_duration_seconds") }

@@ -4,13 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"maps"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/hybridlimit/hybridlimit/internal/shrink"
 )
 
 // ErrInvalid is wrapped by the errors New returns for a bad Config.
@@ -108,18 +109,9 @@ type Limiter struct {
 type shard struct {
 	mu   sync.RWMutex
 	m    map[string]*entry // guarded by mu
-	peak int               // most keys m has held since it was made; guarded by mu
+	size shrink.Tracker    // guarded by mu
 	_    [32]byte          // keep shards on separate cache lines
 }
-
-// shrinkBelow is the fraction of its peak a shard's map must fall to before
-// EvictIdle rebuilds it: Go maps never give back the memory of deleted
-// entries, so after a burst of keys goes idle the map is copied into one
-// sized for the keys left.
-const shrinkBelow = 4
-
-// shrinkFrom is the smallest peak worth rebuilding a map for.
-const shrinkFrom = 64
 
 type entry struct {
 	mu        sync.Mutex
@@ -251,7 +243,7 @@ func (l *Limiter) insert(sh *shard, key string, t time.Time) *entry {
 	// A new rate.Limiter has never been advanced, so it starts full.
 	e := &entry{lim: rate.NewLimiter(def.Limit, def.Burst), last: t, created: t, seen: t}
 	sh.m[key] = e
-	sh.peak = max(sh.peak, len(sh.m))
+	sh.size.Grew(len(sh.m))
 	return e
 }
 
@@ -411,10 +403,7 @@ func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []str
 			}
 			e.mu.Unlock()
 		}
-		if sh.peak >= shrinkFrom && len(sh.m) < sh.peak/shrinkBelow {
-			sh.m = maps.Collect(maps.All(sh.m)) // sized for what is left
-			sh.peak = len(sh.m)
-		}
+		sh.m = shrink.Map(sh.m, &sh.size)
 		sh.mu.Unlock()
 	}
 	return dst

@@ -1,6 +1,7 @@
 package global
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -120,4 +121,14 @@ func IsReplyError(err error) bool { return isRedisError(err) }
 func isRedisError(err error) bool {
 	var rerr redis.Error
 	return errors.As(err, &rerr) && !errors.Is(err, redis.ErrClosed)
+}
+
+// Ping sends one PING through a pipeline (the part of a client Rediser
+// covers) and returns its error: nil when Redis answered. On a Cluster, any
+// node's answer will do.
+func (s *Store) Ping(ctx context.Context) error {
+	pipe := s.rdb.Pipeline()
+	pipe.Ping(ctx)
+	_, err := pipe.Exec(ctx)
+	return err
 }

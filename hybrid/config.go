@@ -255,6 +255,29 @@ func (c Config) validate() error {
 	if len(c.Limits) == 0 {
 		return fmt.Errorf("%w: no limits: give at least one Limit", ErrConfig)
 	}
+	if err := c.validateTimings(); err != nil {
+		return err
+	}
+	seen := make(map[string]bool, len(c.Limits))
+	needRedis := false
+	for i, l := range c.Limits {
+		if err := l.validate(i); err != nil {
+			return err
+		}
+		if seen[l.Name] {
+			return fmt.Errorf("%w: limit %q is defined twice: give each limit a unique Name", ErrConfig, l.Name)
+		}
+		seen[l.Name] = true
+		needRedis = needRedis || l.Mode != Local
+	}
+	if needRedis && c.Redis == nil {
+		return fmt.Errorf("%w: Redis is nil but some limits are Global or Hybrid: give a Redis client, or make every limit Local", ErrConfig)
+	}
+	return nil
+}
+
+// validateTimings reports the first problem with c's durations.
+func (c Config) validateTimings() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -273,48 +296,40 @@ func (c Config) validate() error {
 	if c.UncontendedTTL < c.ContendedTTL {
 		return fmt.Errorf("%w: UncontendedTTL %v must not be below ContendedTTL %v", ErrConfig, c.UncontendedTTL, c.ContendedTTL)
 	}
-	seen := make(map[string]bool, len(c.Limits))
-	needRedis := false
-	for i, l := range c.Limits {
-		if l.Name == "" {
-			return fmt.Errorf("%w: limit #%d has no Name", ErrConfig, i)
-		}
-		if !utf8.ValidString(l.Name) || strings.ContainsAny(l.Name, ":{}") {
-			// In a Redis key "<prefix>:{<limit>:<key>}" a ':' would let two
-			// (limit, key) pairs share one key, and a brace would move the
-			// hash tag; a metric label must be UTF-8.
-			return fmt.Errorf("%w: limit name %q must be valid UTF-8 without ':', '{' or '}'", ErrConfig, l.Name)
-		}
-		if seen[l.Name] {
-			return fmt.Errorf("%w: limit %q is defined twice: give each limit a unique Name", ErrConfig, l.Name)
-		}
-		seen[l.Name] = true
-		if math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0 {
-			return fmt.Errorf("%w: limit %q: Rate %v must be a positive, finite number of tokens per second", ErrConfig, l.Name, l.Rate)
-		}
-		if l.Burst < 1 {
-			return fmt.Errorf("%w: limit %q: Burst %d must be at least 1", ErrConfig, l.Name, l.Burst)
-		}
-		switch l.Mode {
-		case Local:
-		case Global, Hybrid:
-			needRedis = true
-		case ModeUnset:
-			return fmt.Errorf("%w: limit %q: Mode is unset: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name)
-		default:
-			return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name, l.Mode)
-		}
-		switch l.OnOutage {
-		case FailLocal, FailOpen, FailClosed:
-		case PolicyUnset:
-			return fmt.Errorf("%w: limit %q: OnOutage is unset: choose what happens when Redis is down: "+
-				"hybrid.FailLocal (strict local quota rate/N), hybrid.FailOpen (admit) or hybrid.FailClosed (reject)", ErrConfig, l.Name)
-		default:
-			return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.FailLocal, hybrid.FailOpen or hybrid.FailClosed", ErrConfig, l.Name, l.OnOutage)
-		}
+	return nil
+}
+
+// validate reports the first problem with l, the i-th limit of a Config.
+func (l Limit) validate(i int) error {
+	if l.Name == "" {
+		return fmt.Errorf("%w: limit #%d has no Name", ErrConfig, i)
 	}
-	if needRedis && c.Redis == nil {
-		return fmt.Errorf("%w: Redis is nil but some limits are Global or Hybrid: give a Redis client, or make every limit Local", ErrConfig)
+	if !utf8.ValidString(l.Name) || strings.ContainsAny(l.Name, ":{}") {
+		// In a Redis key "<prefix>:{<limit>:<key>}" a ':' would let two
+		// (limit, key) pairs share one key, and a brace would move the
+		// hash tag; a metric label must be UTF-8.
+		return fmt.Errorf("%w: limit name %q must be valid UTF-8 without ':', '{' or '}'", ErrConfig, l.Name)
+	}
+	if math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0 {
+		return fmt.Errorf("%w: limit %q: Rate %v must be a positive, finite number of tokens per second", ErrConfig, l.Name, l.Rate)
+	}
+	if l.Burst < 1 {
+		return fmt.Errorf("%w: limit %q: Burst %d must be at least 1", ErrConfig, l.Name, l.Burst)
+	}
+	switch l.Mode {
+	case Local, Global, Hybrid:
+	case ModeUnset:
+		return fmt.Errorf("%w: limit %q: Mode is unset: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name)
+	default:
+		return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name, l.Mode)
+	}
+	switch l.OnOutage {
+	case FailLocal, FailOpen, FailClosed:
+	case PolicyUnset:
+		return fmt.Errorf("%w: limit %q: OnOutage is unset: choose what happens when Redis is down: "+
+			"hybrid.FailLocal (strict local quota rate/N), hybrid.FailOpen (admit) or hybrid.FailClosed (reject)", ErrConfig, l.Name)
+	default:
+		return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.FailLocal, hybrid.FailOpen or hybrid.FailClosed", ErrConfig, l.Name, l.OnOutage)
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ import (
 // concurrent use. Create it with New and release it with Close.
 type Limiter struct {
 	cfg     Config
-	store   *global.Store // nil when every limit is Local
+	store   store // nil when every limit is Local
 	members membership.Counter
 	log     *slog.Logger
 	m       *metrics
@@ -37,7 +37,7 @@ type Limiter struct {
 	closeErr  error
 	quit      chan struct{} // closed by Close to stop the loop
 	done      chan struct{} // closed by the loop when it returns
-	answered  time.Time     // owned by the loop: when Redis last answered a request
+	health    health        // owned by the loop
 	resettle  atomic.Bool   // N changed: shares will move, settled leases renew now
 	stopWatch func()
 
@@ -65,9 +65,8 @@ type limitState struct {
 	failing  atomic.Int64  // keys whose last lease request failed
 
 	// Owned by the lease loop goroutine.
-	leases     map[string]*lease
-	leasesPeak int // most keys leases has held since it was made
-	stats      []local.KeyStats
+	eng   *engine // the lease policy; nil unless Mode is Hybrid
+	stats []local.KeyStats
 }
 
 // New returns a Limiter for cfg and starts its lease loop. It returns an
@@ -88,8 +87,12 @@ func New(cfg Config) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := checkCredentials(cfg); err != nil {
-		return nil, err
+	var st store
+	if cfg.Redis != nil {
+		st = global.New(cfg.Redis, cfg.Prefix)
+		if err := checkCredentials(cfg, st); err != nil {
+			return nil, err
+		}
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -97,6 +100,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{
 		cfg:     cfg,
+		store:   st,
 		members: cfg.Members,
 		log:     cfg.Logger,
 		m:       m,
@@ -104,11 +108,8 @@ func New(cfg Config) (*Limiter, error) {
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	if cfg.Redis != nil {
-		l.store = global.New(cfg.Redis, cfg.Prefix)
-	}
 	now := time.Now()
-	l.answered = now
+	l.health = health{quiet: cfg.UncontendedTTL/2 + cfg.Tick, answered: now}
 	n := l.members.Count()
 	l.samples = []peerSample{{now, n}}
 	m.peers.Set(float64(n))
@@ -117,8 +118,11 @@ func New(cfg Config) (*Limiter, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
 		}
-		ls := &limitState{Limit: lim, loc: loc, m: m.forLimit(lim.Name), leases: make(map[string]*lease),
-			count: cfg.Registerer != nil}
+		ls := &limitState{Limit: lim, loc: loc, m: m.forLimit(lim.Name), count: cfg.Registerer != nil}
+		if lim.Mode == Hybrid {
+			ls.eng = newEngine(lim, l.members.Name(),
+				timings{tick: cfg.Tick, contendedTTL: cfg.ContendedTTL, uncontendedTTL: cfg.UncontendedTTL}, loc)
+		}
 		l.limits[lim.Name] = ls
 		l.order = append(l.order, ls)
 	}
@@ -133,15 +137,10 @@ func New(cfg Config) (*Limiter, error) {
 // name, expired) is a clear error at New: they are configuration, which
 // waiting does not fix. An unreachable Redis is not an error: the limits
 // start as they would during an outage and recover when it answers.
-func checkCredentials(cfg Config) error {
-	if cfg.Redis == nil {
-		return nil
-	}
+func checkCredentials(cfg Config, st store) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.RedisTimeout)
 	defer cancel()
-	pipe := cfg.Redis.Pipeline()
-	pipe.Ping(ctx)
-	_, err := pipe.Exec(ctx)
+	err := st.Ping(ctx)
 	if err == nil {
 		return nil
 	}

@@ -1,0 +1,77 @@
+package hybrid
+
+import (
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// A key's demand is measured over the most recent window that holds at
+// least demandTokens tokens (or all its recorded history, demandSamples
+// requests back): a busy key follows shifts within a renewal or two, while a
+// key that sees a request or two per renewal is averaged over seconds, so
+// that its want is not mostly noise.
+const (
+	demandTokens  = 20
+	demandSamples = 32
+)
+
+// demandWindow measures one key's demand from its Attempted counter, sampled
+// at each lease request.
+type demandWindow struct {
+	samples [demandSamples]sample // ring of (time, Attempted) at past requests
+	next    int                   // next slot of samples to write
+}
+
+type sample struct {
+	at        time.Time
+	attempted int64
+	cold      bool // the key's first decision, see rate
+}
+
+// open starts the window at the key's first decision, created: one request
+// on a new key says nothing of its rate, so it is not counted as one per
+// tick.
+func (w *demandWindow) open(created time.Time) {
+	w.samples[0] = sample{at: created, cold: true}
+	w.next = 1
+}
+
+// record notes the key's Attempted counter at t.
+func (w *demandWindow) record(t time.Time, attempted int64) {
+	w.samples[w.next] = sample{at: t, attempted: attempted}
+	w.next = (w.next + 1) % demandSamples
+}
+
+// rate is the key's recent demand in tokens per second at now: measured
+// back to the latest recorded sample that leaves at least demandTokens
+// tokens in the window, or to the oldest one. def is the key's default
+// share, the most a key with one request so far is taken to want.
+func (w *demandWindow) rate(now time.Time, st *local.KeyStats, def float64) float64 {
+	var from sample
+	for i := 1; i <= demandSamples; i++ {
+		s := w.samples[(w.next-i+demandSamples)%demandSamples]
+		if s.at.IsZero() {
+			break
+		}
+		from = s
+		if st.Attempted-s.attempted >= demandTokens {
+			break
+		}
+	}
+	if from.at.IsZero() || !now.After(from.at) {
+		return 0
+	}
+	if !from.cold {
+		return float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
+	}
+	// The window opens with the key's first request: count the gaps
+	// between requests, not the requests, or a new key with a request every
+	// second looks like one with a request per tick.
+	since := now.Sub(st.Created).Seconds()
+	if st.Attempted <= 1 || !st.LastSeen.After(st.Created) {
+		return min(def, 1/since)
+	}
+	gaps := float64(st.Attempted-1) / st.LastSeen.Sub(st.Created).Seconds()
+	return min(gaps, float64(st.Attempted)/since)
+}

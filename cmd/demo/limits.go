@@ -201,14 +201,9 @@ func (p *limitsParser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 		}
 	}
 	if v := p.field(item, fields, "mode", "write mode: hybrid (or local, global)"); v != nil {
-		switch normalize(v.Value) {
-		case "local":
-			l.Mode = hybrid.Local
-		case "global":
-			l.Mode = hybrid.Global
-		case "hybrid":
-			l.Mode = hybrid.Hybrid
-		default:
+		// UnmarshalText ignores case and reads '_' as '-'; a quoted value
+		// may also carry spaces.
+		if err := l.Mode.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil {
 			p.errorf(v, "mode %q is not a mode: write mode: hybrid (or local, global)", v.Value)
 		}
 	}
@@ -217,14 +212,7 @@ func (p *limitsParser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 		guess, others = "fail-closed", "fail-local, fail-open"
 	}
 	if v := p.field(item, fields, "on_outage", fmt.Sprintf("write on_outage: %s (or %s): what the limit does while Redis is down", guess, others)); v != nil {
-		switch normalize(v.Value) {
-		case "fail-local":
-			l.OnOutage = hybrid.FailLocal
-		case "fail-open":
-			l.OnOutage = hybrid.FailOpen
-		case "fail-closed":
-			l.OnOutage = hybrid.FailClosed
-		default:
+		if err := l.OnOutage.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil {
 			p.errorf(v, "on_outage %q is not a policy: write on_outage: %s (or %s)", v.Value, guess, others)
 		}
 	}
@@ -295,8 +283,8 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// normalize lower-cases s and accepts '_' for '-', so that FailClosed,
-// fail_closed and fail-closed all read the same.
+// normalize lower-cases s and reads '_' as '-', so that suggestField finds
+// on_outage for On-Outage.
 func normalize(s string) string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "_", "-")
 }

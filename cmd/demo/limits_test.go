@@ -28,6 +28,7 @@ func TestParseLimits(t *testing.T) {
   mode: Global
   on_outage: FAIL_OPEN
 - {name: l, rate: 0.5, burst: 1, mode: local, on_outage: fail-local}
+- {name: q, rate: 1, burst: 1, mode: " Hybrid ", on_outage: "Fail_Closed "}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -35,6 +36,7 @@ func TestParseLimits(t *testing.T) {
 	want := []hybrid.Limit{
 		{Name: "API", Rate: 1000, Burst: 1000, Mode: hybrid.Global, OnOutage: hybrid.FailOpen},
 		{Name: "l", Rate: 0.5, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+		{Name: "q", Rate: 1, Burst: 1, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)

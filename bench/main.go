@@ -245,7 +245,7 @@ func openBackend(ctx context.Context, o options) (backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := redisproc.Start(ctx, dir)
+	srv, err := redisproc.Start(ctx, dir, redisproc.Options{})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err

@@ -4,5 +4,5 @@ package redisproc
 
 import "os/exec"
 
-// SetDeathSignal does nothing where the kernel has no parent-death signal.
-func SetDeathSignal(*exec.Cmd) {}
+// setDeathSignal does nothing where the kernel has no parent-death signal.
+func setDeathSignal(*exec.Cmd) {}

@@ -1,17 +1,17 @@
-// Package redisproc runs the redis-server the bench program measures against:
-// a child process on a free port of 127.0.0.1 that can be paused, killed and
-// restarted on the same port to stage an outage, and whose own count of the
-// commands it executed (INFO commandstats) survives those restarts.
+// Package redisproc runs redis-server child processes, for the bench program
+// to measure against and, through internal/redistest, for tests: each on a
+// free port of 127.0.0.1, optionally over TLS, and able to be paused, killed
+// and restarted on the same port to stage an outage. Its own count of the
+// commands the server executed (INFO commandstats) survives those restarts.
 //
-// It is internal/redistest without testing.T: a program cannot fail a test,
-// so every method returns an error instead. The pieces both need (output
-// capture, free ports, the parent-death signal, parsing INFO commandstats)
-// live here, and internal/redistest uses them.
+// Every method returns an error rather than failing a test: internal/redistest
+// wraps a Server for tests and turns those errors into test failures.
 package redisproc
 
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -54,9 +54,12 @@ type Server struct {
 	Addr string
 
 	bin, dir string
+	args     []string    // extra redis-server arguments, from Options.Args
+	tls      *tls.Config // from Options.TLS
+	password string      // the --requirepass of args, if any
 
 	mu      sync.Mutex // guards the fields below
-	proc    *Process
+	proc    *process
 	admin   *redis.Client
 	pings   int64            // PINGs of the harness since the current process started
 	hellos  int64            // connections of the harness (one HELLO each) since then
@@ -64,31 +67,35 @@ type Server struct {
 	paused  map[string]int64 // the calls counted just before the current pause, if any
 }
 
-// Process is one run of redis-server: its output captured, killed with its
+// Options are the optional settings of Start.
+type Options struct {
+	// Args follow the arguments every Server gets (port, no persistence, no
+	// protected mode, working directory), for example "--maxmemory", "1mb".
+	// If they hold --requirepass, the Server's own clients authenticate
+	// with that password.
+	Args []string
+	// TLS, if not nil, makes redis-server accept TLS only: it listens on no
+	// plain port (--port 0) and for TLS on Addr (--tls-port). Args must then
+	// name the certificate and key files. The Server's own clients (the PING
+	// that waits for the server, the one that sends its commands) dial with
+	// this configuration.
+	TLS *tls.Config
+}
+
+// process is one run of redis-server: its output captured, killed with its
 // parent. Safe for concurrent use.
-type Process struct {
+type process struct {
 	cmd  *exec.Cmd
 	out  *Output
 	done chan struct{}
 	err  error // valid after done is closed
 }
 
-// Args returns the redis-server arguments every harness uses: port on
-// 127.0.0.1, no persistence, no protected mode, working directory dir, then
-// extra.
-func Args(port, dir string, extra ...string) []string {
-	return append([]string{
-		"--port", port, "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--protected-mode", "no",
-		"--dir", dir,
-	}, extra...)
-}
-
-// Launch starts bin with argv.
-func Launch(bin string, argv ...string) (*Process, error) {
-	p := &Process{cmd: exec.Command(bin, argv...), out: &Output{}, done: make(chan struct{})}
+// spawn starts bin with argv.
+func spawn(bin string, argv ...string) (*process, error) {
+	p := &process{cmd: exec.Command(bin, argv...), out: &Output{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	SetDeathSignal(p.cmd)
+	setDeathSignal(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -99,18 +106,9 @@ func Launch(bin string, argv ...string) (*Process, error) {
 	return p, nil
 }
 
-// Done is closed when the process has exited.
-func (p *Process) Done() <-chan struct{} { return p.done }
-
-// Err is how the process ended; valid once Done is closed.
-func (p *Process) Err() error { return p.err }
-
-// Output is what the process has written so far.
-func (p *Process) Output() *Output { return p.out }
-
-// Kill sends SIGKILL and waits for the process to exit. A nil Process is
+// kill sends SIGKILL and waits for the process to exit. A nil process is
 // fine.
-func (p *Process) Kill() {
+func (p *process) kill() {
 	if p == nil {
 		return
 	}
@@ -143,30 +141,49 @@ func (b *Output) Tail(n int) string {
 }
 
 // Start starts the redis-server found on PATH on a free port of 127.0.0.1,
-// with persistence off, its working directory in dir, and waits until it
-// answers PING. It returns an error wrapping ErrNotFound if there is no
-// redis-server on PATH. Close stops it.
-func Start(ctx context.Context, dir string) (*Server, error) {
+// with persistence off, its working directory in dir and the settings of
+// opt, and waits until it answers PING. It returns an error wrapping
+// ErrNotFound if there is no redis-server on PATH; any other error carries
+// the tail of the server's output. Close stops it.
+func Start(ctx context.Context, dir string, opt Options) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v)", ErrNotFound, err)
 	}
-	s := &Server{bin: bin, dir: dir, carried: make(map[string]int64)}
+	s := &Server{bin: bin, dir: dir, args: opt.Args, tls: opt.TLS, carried: make(map[string]int64)}
+	for i := len(opt.Args) - 2; i >= 0; i-- { // the last --requirepass wins, as in redis-server
+		if opt.Args[i] == "--requirepass" {
+			s.password = opt.Args[i+1]
+			break
+		}
+	}
 	for range startAttempts {
 		port, perr := FreePort()
 		if perr != nil {
 			return nil, fmt.Errorf("redisproc: pick a free port: %w", perr)
 		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		if err = s.launch(ctx); err == nil {
+		if err = s.launch(ctx); !portTaken(err) {
 			break
 		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("redisproc: start redis-server: %w", err)
 	}
-	s.admin = redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, Protocol: 2, OnConnect: s.connected})
+	s.admin = redis.NewClient(s.clientOptions())
 	return s, nil
+}
+
+// portTaken reports whether err is a launch that failed because another
+// process holds the port, so that trying again may succeed.
+func portTaken(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "in use")
+}
+
+// clientOptions are those of the Server's own clients.
+func (s *Server) clientOptions() *redis.Options {
+	return &redis.Options{Addr: s.Addr, TLSConfig: s.tls, Password: s.password,
+		DisableIdentity: true, Protocol: 2, OnConnect: s.connected}
 }
 
 // FreePort asks the kernel for a free TCP port on 127.0.0.1 and releases it.
@@ -179,19 +196,28 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// launch runs redis-server on s.Addr and waits until it answers PING.
+// launch runs redis-server on s.Addr and waits until it answers PING. On
+// failure the process is gone and the error carries its output.
 func (s *Server) launch(ctx context.Context) error {
 	_, port, _ := net.SplitHostPort(s.Addr)
-	p, err := Launch(s.bin, Args(port, s.dir)...)
+	plain, extra := port, s.args
+	if s.tls != nil {
+		plain, extra = "0", append([]string{"--tls-port", port}, s.args...)
+	}
+	p, err := spawn(s.bin, append([]string{
+		"--port", plain, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no",
+		"--dir", s.dir,
+	}, extra...)...)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.hellos = 0
 	s.mu.Unlock()
-	pings, err := waitReady(ctx, s.Addr, p, s.connected)
+	pings, err := s.waitReady(ctx, p)
 	if err != nil {
-		p.Kill()
+		p.kill()
 		return fmt.Errorf("%w\nredis-server output:\n%s", err, p.out.Tail(4096))
 	}
 	s.mu.Lock()
@@ -200,18 +226,19 @@ func (s *Server) launch(ctx context.Context) error {
 	return nil
 }
 
-// waitReady polls PING until it succeeds, the process exits or
+// waitReady polls PING on s.Addr until it succeeds, p exits or
 // startTimeout passes. It returns how many PINGs the server answered.
-func waitReady(ctx context.Context, addr string, p *Process, onConnect func(context.Context, *redis.Conn) error) (int64, error) {
-	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, Protocol: 2, OnConnect: onConnect,
-		MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+func (s *Server) waitReady(ctx context.Context, p *process) (int64, error) {
+	o := s.clientOptions()
+	o.MaxRetries, o.DialTimeout, o.ReadTimeout = -1, time.Second, time.Second
+	c := redis.NewClient(o)
 	defer c.Close()
 	deadline := time.Now().Add(startTimeout)
 	var err error
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.done:
-			return 0, fmt.Errorf("redis-server on %s exited: %v", addr, p.Err())
+			return 0, fmt.Errorf("redis-server on %s exited: %v", s.Addr, p.err)
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		default:
@@ -228,7 +255,7 @@ func waitReady(ctx context.Context, addr string, p *Process, onConnect func(cont
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	return 0, fmt.Errorf("redis-server on %s did not answer PING within %v: %v", addr, startTimeout, err)
+	return 0, fmt.Errorf("redis-server on %s did not answer PING within %v: %v", s.Addr, startTimeout, err)
 }
 
 // connected counts a connection of the harness: go-redis opens each with
@@ -249,7 +276,7 @@ func (s *Server) Close() {
 	if admin != nil {
 		_ = admin.Close()
 	}
-	p.Kill()
+	p.kill()
 }
 
 // Pause makes the server hold every client's commands for d (CLIENT PAUSE
@@ -265,17 +292,22 @@ func (s *Server) Pause(ctx context.Context, d time.Duration) error {
 	s.paused = n
 	s.mu.Unlock()
 	ms := (d + time.Millisecond - 1) / time.Millisecond
-	return s.do(ctx, "client", "pause", int64(ms), "all")
+	_, err = s.Do(ctx, "client", "pause", int64(ms), "all")
+	return err
 }
 
 // Kill kills the server with SIGKILL and waits for it to exit, as a crash
 // would. Commands it executed are carried over into Commands: those counted
 // before a Pause if it is paused (commands held by the pause never run),
-// otherwise those it reports now.
+// otherwise those it reports now. Kill on a server that is not running does
+// nothing.
 func (s *Server) Kill(ctx context.Context) {
 	s.mu.Lock()
-	n := s.paused
+	n, running := s.paused, s.proc != nil
 	s.mu.Unlock()
+	if !running {
+		return
+	}
 	if n == nil {
 		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		n, _ = s.executed(cctx) // a server that cannot answer has nothing to carry
@@ -288,21 +320,19 @@ func (s *Server) Kill(ctx context.Context) {
 		s.carried[name] += c
 	}
 	s.mu.Unlock()
-	p.Kill()
+	p.kill()
 }
 
-// Restart starts the server again on the same address, empty, and waits
-// until it answers PING.
+// Restart starts the server again on the same address, with an empty
+// dataset and script cache, and waits until it answers PING. A running
+// server is killed first.
 func (s *Server) Restart(ctx context.Context) error {
-	s.mu.Lock()
-	running := s.proc != nil
-	s.mu.Unlock()
-	if running {
-		s.Kill(ctx)
-	}
+	s.Kill(ctx)
+	// The port was just released by our own process; binding it again can
+	// race only with an unrelated process, so retry a few times.
 	var err error
 	for range startAttempts {
-		if err = s.launch(ctx); err == nil || !strings.Contains(err.Error(), "in use") {
+		if err = s.launch(ctx); !portTaken(err) {
 			break
 		}
 	}
@@ -314,7 +344,8 @@ func (s *Server) Restart(ctx context.Context) error {
 
 // FlushAll deletes every key (FLUSHALL).
 func (s *Server) FlushAll(ctx context.Context) error {
-	return s.do(ctx, "flushall")
+	_, err := s.Do(ctx, "flushall")
+	return err
 }
 
 // Commands returns the calls of every command the server has executed for
@@ -335,21 +366,31 @@ func (s *Server) Commands(ctx context.Context) (map[string]int64, error) {
 	return n, nil
 }
 
-// executed is the count of the current process, without the harness's.
-func (s *Server) executed(ctx context.Context) (map[string]int64, error) {
-	s.mu.Lock()
-	admin := s.admin
-	s.mu.Unlock()
-	if admin == nil {
-		return nil, errors.New("redisproc: server closed")
-	}
-	info, err := admin.Info(ctx, "commandstats").Result()
+// CommandStats returns the calls of every command the current process has
+// executed, the Server's own included (INFO commandstats, keyed by the
+// lower-case name Redis gives, such as "evalsha" or "client|pause"). Unlike
+// Commands it starts from zero at every Restart.
+func (s *Server) CommandStats(ctx context.Context) (map[string]int64, error) {
+	v, err := s.Do(ctx, "info", "commandstats")
 	if err != nil {
-		return nil, fmt.Errorf("redisproc: INFO commandstats: %w", err)
+		return nil, err
+	}
+	info, ok := v.(string)
+	if !ok {
+		return nil, fmt.Errorf("redisproc: INFO commandstats: unexpected reply %T", v)
 	}
 	stats, err := ParseCommandStats(info)
 	if err != nil {
 		return nil, fmt.Errorf("redisproc: INFO commandstats: %w", err)
+	}
+	return stats, nil
+}
+
+// executed is the count of the current process, without the harness's.
+func (s *Server) executed(ctx context.Context) (map[string]int64, error) {
+	stats, err := s.CommandStats(ctx)
+	if err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	own := map[string]int64{"ping": s.pings, "hello": s.hellos}
@@ -437,16 +478,8 @@ func ParseCommandStats(info string) (map[string]int64, error) {
 
 // Version returns the server's version (INFO server redis_version).
 func (s *Server) Version(ctx context.Context) string {
-	s.mu.Lock()
-	admin := s.admin
-	s.mu.Unlock()
-	if admin == nil {
-		return ""
-	}
-	info, err := admin.Info(ctx, "server").Result()
-	if err != nil {
-		return ""
-	}
+	v, _ := s.Do(ctx, "info", "server")
+	info, _ := v.(string)
 	for line := range strings.SplitSeq(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
 			return v
@@ -455,15 +488,19 @@ func (s *Server) Version(ctx context.Context) string {
 	return ""
 }
 
-func (s *Server) do(ctx context.Context, args ...any) error {
+// Do sends one command on the Server's own connection and returns the
+// reply, nil for a nil reply. Commands sent with Do are counted by Commands
+// unless Harness names them.
+func (s *Server) Do(ctx context.Context, args ...any) (any, error) {
 	s.mu.Lock()
 	admin := s.admin
 	s.mu.Unlock()
 	if admin == nil {
-		return errors.New("redisproc: server closed")
+		return nil, errors.New("redisproc: server closed")
 	}
-	if err := admin.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("redisproc: %v on %s: %w", args, s.Addr, err)
+	v, err := admin.Do(ctx, args...).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("redisproc: %v on %s: %w", args, s.Addr, err)
 	}
-	return nil
+	return v, nil
 }

@@ -52,7 +52,7 @@ func TestSentByClient(t *testing.T) {
 // kill and a restart, without the Server's own.
 func TestCommandsSurviveRestart(t *testing.T) {
 	ctx := context.Background()
-	s, err := Start(ctx, t.TempDir())
+	s, err := Start(ctx, t.TempDir(), Options{})
 	if errors.Is(err, ErrNotFound) {
 		t.Fatalf("%v: install the Debian package redis-server", err)
 	}

@@ -104,25 +104,20 @@ func (c *Cluster) WaitOK(t testing.TB, within time.Duration) {
 // clusterNotOK says why m is not a settled member of a cluster of n
 // masters, or "" when it is.
 func (s *Server) clusterNotOK(n int) string {
-	s.mu.Lock()
-	admin := s.admin
-	s.mu.Unlock()
-	if admin == nil {
-		return "stopped"
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	info, err := admin.ClusterInfo(ctx).Result()
+	info, err := s.proc.Do(ctx, "cluster", "info")
 	if err != nil {
 		return err.Error()
 	}
-	if !strings.Contains(info, "cluster_state:ok") {
+	if state, _ := info.(string); !strings.Contains(state, "cluster_state:ok") {
 		return "cluster_state is not ok"
 	}
-	nodes, err := admin.ClusterNodes(ctx).Result()
+	v, err := s.proc.Do(ctx, "cluster", "nodes")
 	if err != nil {
 		return err.Error()
 	}
+	nodes, _ := v.(string)
 	connected := 0
 	for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
 		f := strings.Fields(line)

@@ -48,12 +48,12 @@ func StartTLS(t testing.TB, args ...string) (*Server, *tls.Config) {
 		"--tls-ca-cert-file", filepath.Join(dir, "ca.crt"),
 		"--tls-auth-clients", "no",
 	}
-	s := newServer(t, cfg.Clone(), append(tlsArgs, args...))
-	if err := s.start(t); err != nil {
+	s, err := start(t, cfg.Clone(), append(tlsArgs, args...))
+	if err != nil {
 		if tlsUnsupported(err) {
-			t.Skipf("redistest: skipping: redis-server at %s was built without TLS support (build it with BUILD_TLS=yes): %v", s.bin, err)
+			t.Skipf("redistest: skipping: redis-server on PATH was built without TLS support (build it with BUILD_TLS=yes): %v", err)
 		}
-		t.Fatalf("redistest: start redis-server with TLS: %v", err)
+		t.Fatalf("redistest: with TLS: %v", err)
 	}
 	return s, cfg
 }

@@ -271,6 +271,35 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 		timing = workload.QuickTiming()
 	}
 	timing = timing.Scale(o.scale)
+	rep, hc := newReport(ctx, o, b, started)
+	scenarios := pickScenarios(rep, o, b, timing)
+	shapes := closedShapes(timing, o.seed)
+	baselines := latencyBaselines(scenarios)
+	p := newProgress(stderr, started, (len(scenarios)+len(shapes))*len(o.strategies)+len(baselines))
+	defer p.done()
+
+	r := &runner{ctx: ctx, o: o, b: b, started: started, timeout: hc.RedisTimeout, p: p}
+	var err error
+	if rep.Scenarios, err = r.openLoops(scenarios); err != nil {
+		return nil, err
+	}
+	if rep.Baselines, err = r.baselines(baselines); err != nil {
+		return nil, err
+	}
+	if rep.ClosedLoop, err = r.closedLoops(shapes); err != nil {
+		return nil, err
+	}
+	joinClosedLoops(rep)
+	rep.WallSeconds = time.Since(started).Seconds()
+	rep.Finish()
+	rep.CheckTargets()
+	addNotes(rep, o)
+	return rep, nil
+}
+
+// newReport starts the report of a run with what it ran on and with, and
+// returns the hybrid Config the run uses too.
+func newReport(ctx context.Context, o options, b backend, started time.Time) (*report.Report, hybrid.Config) {
 	arrivals := "evenly spaced"
 	if o.poisson {
 		arrivals = "Poisson"
@@ -285,7 +314,12 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 	o.tune(&hc)
 	rep.Hybrid = report.HybridConfig{Tick: hc.Tick.String(), ContendedTTL: hc.ContendedTTL.String(),
 		UncontendedTTL: hc.UncontendedTTL.String(), RedisTimeout: hc.RedisTimeout.String(), IdleAfter: hc.IdleAfter.String()}
+	return rep, hc
+}
 
+// pickScenarios returns the scenarios of o that b can stage, and notes in
+// rep the others, so that a missing row is explained.
+func pickScenarios(rep *report.Report, o options, b backend, timing workload.Timing) []workload.Scenario {
 	var scenarios []workload.Scenario
 	for _, sc := range workload.Scenarios(timing) {
 		if !slices.Contains(o.scenarios, sc.Name) {
@@ -297,7 +331,13 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 		}
 		scenarios = append(scenarios, sc)
 	}
-	shapes := closedShapes(timing, o.seed)
+	return scenarios
+}
+
+// latencyBaselines returns those of scenarios that the bare baseline runs
+// too (balanced, keys and hotkey): a few are enough to show what the
+// machine and the driver cost a decision.
+func latencyBaselines(scenarios []workload.Scenario) []workload.Scenario {
 	var baselines []workload.Scenario
 	for _, sc := range scenarios {
 		switch sc.Name {
@@ -305,72 +345,107 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 			baselines = append(baselines, sc)
 		}
 	}
-	p := newProgress(stderr, started, (len(scenarios)+len(shapes))*len(o.strategies)+len(baselines))
-	defer p.done()
+	return baselines
+}
 
-	var sent atomic.Int64
-	runs := 0
-	newSetup := func(strategy string, rate float64, burst int) *setup {
-		runs++
-		return &setup{strategy: strategy, backend: b, rate: rate, burst: burst, sent: &sent, tune: o.tune, timeout: hc.RedisTimeout,
-			prefix: fmt.Sprintf("hlbench:%d:%d:%d", os.Getpid(), started.UnixNano()%1e6, runs)}
-	}
-	reset := func() error {
-		runtime.GC() // start every run with a clean heap, not the last run's garbage
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := b.reset(cctx); err != nil {
-			return fmt.Errorf("flushing Redis between runs: %w", err)
-		}
-		return nil
-	}
+// runner makes the runs of one bench, one after the other.
+type runner struct {
+	ctx     context.Context
+	o       options
+	b       backend
+	started time.Time
+	timeout time.Duration // of every redis_rate call, as of the hybrid Limiters' calls
+	p       *progress
+	sent    atomic.Int64 // commands sent by every client of every run
+	runs    int
+}
 
+// newSetup returns what the instances of the next run share. Every run has
+// a key prefix of its own, so that no run sees another's keys, even on a
+// Redis that is not flushed.
+func (r *runner) newSetup(strategy string, rate float64, burst int) *setup {
+	r.runs++
+	return &setup{strategy: strategy, backend: r.b, rate: rate, burst: burst, sent: &r.sent, tune: r.o.tune, timeout: r.timeout,
+		prefix: fmt.Sprintf("hlbench:%d:%d:%d", os.Getpid(), r.started.UnixNano()%1e6, r.runs)}
+}
+
+// reset empties Redis before a run, so that no run inherits another's
+// state.
+func (r *runner) reset() error {
+	runtime.GC() // start every run with a clean heap, not the last run's garbage
+	cctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+	defer cancel()
+	if err := r.b.reset(cctx); err != nil {
+		return fmt.Errorf("flushing Redis between runs: %w", err)
+	}
+	return nil
+}
+
+// openLoops runs every scenario with every strategy, on the same arrivals.
+func (r *runner) openLoops(scenarios []workload.Scenario) ([]report.Result, error) {
+	var out []report.Result
 	for _, sc := range scenarios {
-		arr := sc.Arrivals(o.seed, o.poisson)
-		ol := openLoop{sc: sc, arrivals: arr, ref: sc.Reference(arr), keys: sc.KeyNames(),
-			grace: max(sc.Measure/20, 10*time.Millisecond), shedAfter: max(sc.Measure/10, 20*time.Millisecond)}
-		for _, st := range o.strategies {
-			p.next(sc.Name + " / " + st)
-			if err := reset(); err != nil {
+		ol := newOpenLoop(sc, r.o.seed, r.o.poisson)
+		for _, st := range r.o.strategies {
+			r.p.next(sc.Name + " / " + st)
+			if err := r.reset(); err != nil {
 				return nil, err
 			}
-			ol.setup = newSetup(st, sc.Rate, sc.Burst)
-			res, err := ol.run(ctx)
+			ol.setup = r.newSetup(st, sc.Rate, sc.Burst)
+			res, err := ol.run(r.ctx)
 			if err != nil {
 				return nil, fmt.Errorf("%s / %s: %w", sc.Name, st, err)
 			}
-			rep.Scenarios = append(rep.Scenarios, res)
+			out = append(out, res)
 		}
 	}
-	for _, sc := range baselines {
-		p.next(sc.Name + " / " + bare + " (latency baseline)")
-		arr := sc.Arrivals(o.seed, o.poisson)
-		ol := openLoop{sc: sc, arrivals: arr, ref: sc.Reference(arr), keys: sc.KeyNames(),
-			grace: max(sc.Measure/20, 10*time.Millisecond), shedAfter: max(sc.Measure/10, 20*time.Millisecond)}
+	return out, nil
+}
+
+// baselines runs the bare baseline on scenarios. Redis is not emptied
+// first: the baseline does not use it.
+func (r *runner) baselines(scenarios []workload.Scenario) ([]report.Result, error) {
+	var out []report.Result
+	for _, sc := range scenarios {
+		r.p.next(sc.Name + " / " + bare + " (latency baseline)")
+		ol := newOpenLoop(sc, r.o.seed, r.o.poisson)
 		runtime.GC()
-		ol.setup = newSetup(bare, sc.Rate, sc.Burst)
-		res, err := ol.run(ctx)
+		ol.setup = r.newSetup(bare, sc.Rate, sc.Burst)
+		res, err := ol.run(r.ctx)
 		if err != nil {
 			return nil, fmt.Errorf("%s / %s: %w", sc.Name, bare, err)
 		}
-		rep.Baselines = append(rep.Baselines, res)
+		out = append(out, res)
 	}
+	return out, nil
+}
+
+// closedLoops runs every closed-loop shape with every strategy.
+func (r *runner) closedLoops(shapes []closedLoop) ([]report.ClosedLoop, error) {
+	var out []report.ClosedLoop
 	for _, sh := range shapes {
-		for _, st := range o.strategies {
-			p.next("closed loop, " + sh.shape + " / " + st)
-			if err := reset(); err != nil {
+		for _, st := range r.o.strategies {
+			r.p.next("closed loop, " + sh.shape + " / " + st)
+			if err := r.reset(); err != nil {
 				return nil, err
 			}
 			cl := sh
-			cl.setup = newSetup(st, sh.rate, sh.burst)
-			cl.workers = o.workers
-			res, err := cl.run(ctx)
+			cl.setup = r.newSetup(st, sh.rate, sh.burst)
+			cl.workers = r.o.workers
+			res, err := cl.run(r.ctx)
 			if err != nil {
 				return nil, fmt.Errorf("closed loop %s / %s: %w", sh.shape, st, err)
 			}
-			rep.ClosedLoop = append(rep.ClosedLoop, res)
+			out = append(out, res)
 		}
 	}
+	return out, nil
+}
+
+// joinClosedLoops gives every scenario's row the decisions per second of
+// its strategy's closed loop on the same shape of keys: the open loop
+// paces arrivals, so it cannot measure the most decisions per second.
+func joinClosedLoops(rep *report.Report) {
 	for i := range rep.Scenarios {
 		res := &rep.Scenarios[i]
 		res.ClosedLoopShape = shapeOne
@@ -383,9 +458,10 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 			}
 		}
 	}
-	rep.WallSeconds = time.Since(started).Seconds()
-	rep.Finish()
-	rep.CheckTargets()
+}
+
+// addNotes adds to rep what a reader needs to read its figures right.
+func addNotes(rep *report.Report, o options) {
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("Latencies are of every decision in the measured window and include two clock reads (about %d ns here).", rep.ClockNS),
 		fmt.Sprintf("decisions/s is a separate closed-loop run: %d goroutines per instance deciding back to back on one key (limit 1000/s) or on the keys scenario's Zipf keys.", o.workers),
@@ -395,7 +471,6 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 	if rep.RedisKind != "embedded" {
 		rep.Notes = append(rep.Notes, "Redis commands are counted by the server (INFO commandstats), without the bench's own INFO, FLUSHALL, CLIENT PAUSE, PING and HELLO, nor the commands scripts run (reported apart in the JSON).")
 	}
-	return rep, nil
 }
 
 // Closed-loop shapes.

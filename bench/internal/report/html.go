@@ -143,53 +143,116 @@ func title(s string, representative bool) string {
 	return s
 }
 
+// frame is a chart's size and its plot's margins, in pixels.
+type frame struct{ w, h, left, right, top, bottom int }
+
+// open starts the chart's SVG element.
+func (f frame) open(b *strings.Builder) {
+	fmt.Fprintf(b, `<svg width="%d" height="%d" viewBox="0 0 %d %d" role="img">`, f.w, f.h, f.w, f.h)
+}
+
+// axes draws the plot's left and bottom edges.
+func (f frame) axes(b *strings.Builder) {
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, f.left, f.top, f.left, f.h-f.bottom)
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, f.left, f.h-f.bottom, f.w-f.right, f.h-f.bottom)
+}
+
 // scatter draws one scenario's strategies: Redis commands per decision (log
 // x, with a lane for 0) against accuracy (y).
 func scatter(scenario string, rs []*Result, representative bool) template.HTML {
-	const w, h = 340, 260
-	const left, right, top, bottom = 48, 14, 28, 40
-	const zeroLane = 16 // px right of the plot's left edge for x = 0
-	lo, hi := -4.0, 1.0
-	yMax := 1.2
+	p := newScatterPlot(rs)
+	var b strings.Builder
+	p.open(&b)
+	fmt.Fprintf(&b, `<text class="title" x="%d" y="16">%s</text>`, p.left, esc(title(scenario, representative)))
+	p.grid(&b)
+	var placed []box
+	for _, r := range rs {
+		placed = p.point(&b, r, placed)
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // #nosec: every text is escaped where it is written
+}
+
+// zeroLane is how far right of a scatter's left edge x = 0 is drawn, in
+// pixels: 0 has no place on a log scale.
+const zeroLane = 16
+
+// scatterPlot is the scale of a scatter: x from 10^lo to 10^hi on a log
+// scale, after the lane for 0; y from 0 to yMax.
+type scatterPlot struct {
+	frame
+	lo, hi, yMax float64
+	x0, pw, ph   float64 // the log scale's left edge, its width and the height
+}
+
+// newScatterPlot returns a scale on which every point of rs fits.
+func newScatterPlot(rs []*Result) scatterPlot {
+	p := scatterPlot{frame: frame{w: 340, h: 260, left: 48, right: 14, top: 28, bottom: 40}, lo: -4.0, hi: 1.0, yMax: 1.2}
 	for _, r := range rs {
 		if c := r.CommandsPerDecision; c > 0 {
-			lo = math.Min(lo, math.Floor(math.Log10(c)))
-			hi = math.Max(hi, math.Ceil(math.Log10(c)))
+			p.lo = math.Min(p.lo, math.Floor(math.Log10(c)))
+			p.hi = math.Max(p.hi, math.Ceil(math.Log10(c)))
 		}
-		yMax = math.Max(yMax, math.Ceil(r.Accuracy*10+0.5)/10)
+		p.yMax = math.Max(p.yMax, math.Ceil(r.Accuracy*10+0.5)/10)
 	}
-	x0 := float64(left + zeroLane + 30)
-	pw := float64(w-right) - x0
-	ph := float64(h - top - bottom)
-	px := func(c float64) float64 {
-		if c <= 0 {
-			return float64(left + zeroLane)
-		}
-		return x0 + (math.Log10(c)-lo)/(hi-lo)*pw
-	}
-	py := func(a float64) float64 { return float64(top) + (1-a/yMax)*ph }
+	p.x0 = float64(p.left + zeroLane + 30)
+	p.pw = float64(p.w-p.right) - p.x0
+	p.ph = float64(p.h - p.top - p.bottom)
+	return p
+}
 
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg width="%d" height="%d" viewBox="0 0 %d %d" role="img">`, w, h, w, h)
-	fmt.Fprintf(&b, `<text class="title" x="%d" y="16">%s</text>`, left, esc(title(scenario, representative)))
-	// accuracy band and axes
-	fmt.Fprintf(&b, `<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="#e8f3e8"/>`, left, py(1.05), w-right-left, py(0.95)-py(1.05))
-	fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#9c9" stroke-dasharray="4 3"/>`, left, py(1), w-right, py(1))
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, top, left, h-bottom)
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, h-bottom, w-right, h-bottom)
-	for a := 0.0; a <= yMax+1e-9; a += 0.2 {
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%.1f</text>`, left-4, py(a)+4, a)
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, left+1, py(a), w-right, py(a))
+func (p scatterPlot) px(c float64) float64 {
+	if c <= 0 {
+		return float64(p.left + zeroLane)
 	}
-	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">0</text>`, left+zeroLane, h-bottom+14)
-	for e := lo; e <= hi; e++ {
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">1e%d</text>`, px(math.Pow(10, e)), h-bottom+14, int(e))
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#eee"/>`, px(math.Pow(10, e)), top, px(math.Pow(10, e)), h-bottom)
+	return p.x0 + (math.Log10(c)-p.lo)/(p.hi-p.lo)*p.pw
+}
+
+func (p scatterPlot) py(a float64) float64 { return float64(p.top) + (1-a/p.yMax)*p.ph }
+
+// grid draws the accuracy band, the axes, the grid lines and their labels.
+func (p scatterPlot) grid(b *strings.Builder) {
+	left, right, top, bottom, w, h := p.left, p.right, p.top, p.bottom, p.w, p.h
+	fmt.Fprintf(b, `<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="#e8f3e8"/>`, left, p.py(1.05), w-right-left, p.py(0.95)-p.py(1.05))
+	fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#9c9" stroke-dasharray="4 3"/>`, left, p.py(1), w-right, p.py(1))
+	p.axes(b)
+	for a := 0.0; a <= p.yMax+1e-9; a += 0.2 {
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%.1f</text>`, left-4, p.py(a)+4, a)
+		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, left+1, p.py(a), w-right, p.py(a))
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">Redis commands per decision</text>`, x0+pw/2, h-6)
-	fmt.Fprintf(&b, `<text transform="translate(12 %.1f) rotate(-90)" text-anchor="middle">accuracy</text>`, float64(top)+ph/2)
-	type box struct{ x0, x1, y float64 }
-	var placed []box
+	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">0</text>`, left+zeroLane, h-bottom+14)
+	for e := p.lo; e <= p.hi; e++ {
+		x := p.px(math.Pow(10, e))
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">1e%d</text>`, x, h-bottom+14, int(e))
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#eee"/>`, x, top, x, h-bottom)
+	}
+	fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">Redis commands per decision</text>`, p.x0+p.pw/2, h-6)
+	fmt.Fprintf(b, `<text transform="translate(12 %.1f) rotate(-90)" text-anchor="middle">accuracy</text>`, float64(top)+p.ph/2)
+}
+
+// box is the room a label takes.
+type box struct{ x0, x1, y float64 }
+
+// point draws r's point and its label, clear of the labels placed
+// already; it returns placed with the new label's box.
+func (p scatterPlot) point(b *strings.Builder, r *Result, placed []box) []box {
+	x, y := p.px(r.CommandsPerDecision), p.py(math.Max(0, math.Min(r.Accuracy, p.yMax)))
+	fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="5" fill="%s" fill-opacity=".85"><title>%s: %.3g commands per decision, accuracy %.3f</title></circle>`,
+		x, y, color(r.Strategy), esc(r.Strategy), r.CommandsPerDecision, r.Accuracy)
+	c, anchor := placeLabel(placed, x, y, 6.5*float64(len(r.Strategy)), float64(p.w))
+	tx := c.x0
+	if anchor == "end" {
+		tx = c.x1
+	}
+	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="%s" fill="%s">%s</text>`, tx, c.y, anchor, color(r.Strategy), esc(r.Strategy))
+	return append(placed, c)
+}
+
+// placeLabel finds room for a label lw wide by the point (x, y), within a
+// chart w wide: right of the point, else left, else lower down, so that
+// points in one place stay readable. It returns the box and the text
+// anchor; with no room anywhere, the last box tried.
+func placeLabel(placed []box, x, y, lw, w float64) (box, string) {
 	free := func(c box) bool {
 		for _, p := range placed {
 			if c.x0 < p.x1 && p.x0 < c.x1 && math.Abs(c.y-p.y) < 12 {
@@ -198,69 +261,79 @@ func scatter(scenario string, rs []*Result, representative bool) template.HTML {
 		}
 		return c.x0 >= 0 && c.x1 <= w
 	}
-	for _, r := range rs {
-		x, y := px(r.CommandsPerDecision), py(math.Max(0, math.Min(r.Accuracy, yMax)))
-		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="5" fill="%s" fill-opacity=".85"><title>%s: %.3g commands per decision, accuracy %.3f</title></circle>`,
-			x, y, color(r.Strategy), esc(r.Strategy), r.CommandsPerDecision, r.Accuracy)
-		// Put the label right of the point, else left, else lower down, so
-		// that points in one place stay readable.
-		lw := 6.5 * float64(len(r.Strategy))
-		var c box
-		anchor := "start"
-	search:
-		for dy := 0.0; dy < 120; dy += 12 {
-			for _, right := range []bool{true, false} {
-				if right {
-					c = box{x + 8, x + 8 + lw, y + 4 + dy}
-				} else {
-					c = box{x - 8 - lw, x - 8, y + 4 + dy}
+	var c box
+	anchor := "start"
+search:
+	for dy := 0.0; dy < 120; dy += 12 {
+		for _, right := range []bool{true, false} {
+			if right {
+				c = box{x + 8, x + 8 + lw, y + 4 + dy}
+			} else {
+				c = box{x - 8 - lw, x - 8, y + 4 + dy}
+			}
+			if free(c) {
+				if !right {
+					anchor = "end"
 				}
-				if free(c) {
-					if !right {
-						anchor = "end"
-					}
-					break search
-				}
+				break search
 			}
 		}
-		placed = append(placed, c)
-		tx := c.x0
-		if anchor == "end" {
-			tx = c.x1
-		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="%s" fill="%s">%s</text>`, tx, c.y, anchor, color(r.Strategy), esc(r.Strategy))
 	}
-	b.WriteString(`</svg>`)
-	return template.HTML(b.String()) // #nosec: every text is escaped above
+	return c, anchor
 }
 
 // timeSeries draws the admitted rate over time of every strategy on one
 // scenario, with the reference dashed and its events marked.
 func timeSeries(scenario string, rs []*Result, representative bool) template.HTML {
-	const w, h = 1060, 320
-	const left, right, top, bottom = 56, 16, 30, 40
+	p := newSeriesPlot(rs)
+	var b strings.Builder
+	p.open(&b)
+	fmt.Fprintf(&b, `<text class="title" x="%d" y="18">%s</text>`, p.left, esc(title(scenario+": admitted per second", representative)))
+	p.events(&b, rs[0])
+	p.grid(&b)
+	for _, r := range rs {
+		p.line(&b, r.Series, color(r.Strategy), "none", 1.8, r.Strategy)
+	}
+	p.line(&b, rs[0].RefSeries, "#000", "5 4", 1.4, "exact reference")
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) // #nosec: every text is escaped where it is written
+}
+
+// seriesPlot is the scale of a time series: seconds from 0 to end on x,
+// admissions per second from 0 to yMax on y.
+type seriesPlot struct {
+	frame
+	n           int     // buckets drawn: those of the reference
+	bucket, end float64 // in seconds
+	yMax        float64
+	pw, ph      float64 // the plot's width and height
+}
+
+// newSeriesPlot returns a scale on which every series of rs, and the
+// reference, fits.
+func newSeriesPlot(rs []*Result) seriesPlot {
 	r0 := rs[0]
-	n := len(r0.RefSeries)
-	bucket := float64(r0.BucketNS) / 1e9
-	end := float64(r0.EndNS) / 1e9
-	yMax := 0.0
+	p := seriesPlot{frame: frame{w: 1060, h: 320, left: 56, right: 16, top: 30, bottom: 40},
+		n: len(r0.RefSeries), bucket: float64(r0.BucketNS) / 1e9, end: float64(r0.EndNS) / 1e9}
 	for _, r := range rs {
 		for _, v := range r.Series {
-			yMax = math.Max(yMax, float64(v)/bucket)
+			p.yMax = math.Max(p.yMax, float64(v)/p.bucket)
 		}
 	}
 	for _, v := range r0.RefSeries {
-		yMax = math.Max(yMax, float64(v)/bucket)
+		p.yMax = math.Max(p.yMax, float64(v)/p.bucket)
 	}
-	yMax = niceCeil(yMax * 1.05)
-	pw, ph := float64(w-left-right), float64(h-top-bottom)
-	px := func(t float64) float64 { return float64(left) + t/end*pw }
-	py := func(v float64) float64 { return float64(top) + (1-v/yMax)*ph }
+	p.yMax = niceCeil(p.yMax * 1.05)
+	p.pw, p.ph = float64(p.w-p.left-p.right), float64(p.h-p.top-p.bottom)
+	return p
+}
 
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg width="%d" height="%d" viewBox="0 0 %d %d" role="img">`, w, h, w, h)
-	fmt.Fprintf(&b, `<text class="title" x="%d" y="18">%s</text>`, left, esc(title(scenario+": admitted per second", representative)))
-	// event windows
+func (p seriesPlot) px(t float64) float64 { return float64(p.left) + t/p.end*p.pw }
+func (p seriesPlot) py(v float64) float64 { return float64(p.top) + (1-v/p.yMax)*p.ph }
+
+// events marks r0's events: a line for each instance's leave or join, a
+// band for each phase of the outage, and the warm-up.
+func (p seriesPlot) events(b *strings.Builder, r0 *Result) {
 	var pause, kill, restart = -1.0, -1.0, -1.0
 	for _, e := range r0.Events {
 		t := float64(e.AtNS) / 1e9
@@ -272,58 +345,58 @@ func timeSeries(scenario string, rs []*Result, representative bool) template.HTM
 		case "restart":
 			restart = t
 		default:
-			fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#555" stroke-dasharray="2 3"/>`, px(t), top, px(t), h-bottom)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s slot %d</text>`, px(t)+3, top+12, esc(e.Kind), e.Slot)
+			fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#555" stroke-dasharray="2 3"/>`, p.px(t), p.top, p.px(t), p.h-p.bottom)
+			fmt.Fprintf(b, `<text x="%.1f" y="%d">%s slot %d</text>`, p.px(t)+3, p.top+12, esc(e.Kind), e.Slot)
 		}
-	}
-	band := func(from, to float64, fill, label string) {
-		if from < 0 || to < from {
-			return
-		}
-		fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%.1f" fill="%s"/>`, px(from), top, px(to)-px(from), ph, fill)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`, px(from)+3, top+12, esc(label))
 	}
 	if pause >= 0 {
 		stop := kill
 		if stop < 0 {
 			stop = restart
 		}
-		band(pause, stop, "#fdebd0", "Redis paused")
+		p.band(b, pause, stop, "#fdebd0", "Redis paused")
 	}
 	if kill >= 0 {
-		band(kill, restart, "#f9d6d5", "Redis killed")
+		p.band(b, kill, restart, "#f9d6d5", "Redis killed")
 	}
 	warm := float64(r0.WarmupNS) / 1e9
-	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="#f4f4f4"/>`, left, top, px(warm)-float64(left), ph)
-	fmt.Fprintf(&b, `<text x="%d" y="%d">warm-up</text>`, left+3, h-bottom-6)
-	// axes and grid
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, top, left, h-bottom)
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>`, left, h-bottom, w-right, h-bottom)
-	yStep := niceCeil(yMax / 5)
-	for v := 0.0; v <= yMax+1e-9; v += yStep {
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, left-4, py(v)+4, rate(v))
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, left+1, py(v), w-right, py(v))
+	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="#f4f4f4"/>`, p.left, p.top, p.px(warm)-float64(p.left), p.ph)
+	fmt.Fprintf(b, `<text x="%d" y="%d">warm-up</text>`, p.left+3, p.h-p.bottom-6)
+}
+
+// band shades the plot from from to to, unless an event of it is missing.
+func (p seriesPlot) band(b *strings.Builder, from, to float64, fill, label string) {
+	if from < 0 || to < from {
+		return
 	}
-	step := niceCeil(end / 10)
-	for t := 0.0; t <= end+1e-9; t += step {
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%.3g s</text>`, px(t), h-bottom+14, t)
+	fmt.Fprintf(b, `<rect x="%.1f" y="%d" width="%.1f" height="%.1f" fill="%s"/>`, p.px(from), p.top, p.px(to)-p.px(from), p.ph, fill)
+	fmt.Fprintf(b, `<text x="%.1f" y="%d">%s</text>`, p.px(from)+3, p.top+12, esc(label))
+}
+
+// grid draws the axes, the grid lines and their labels.
+func (p seriesPlot) grid(b *strings.Builder) {
+	p.axes(b)
+	yStep := niceCeil(p.yMax / 5)
+	for v := 0.0; v <= p.yMax+1e-9; v += yStep {
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, p.left-4, p.py(v)+4, rate(v))
+		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, p.left+1, p.py(v), p.w-p.right, p.py(v))
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">time since start</text>`, float64(left)+pw/2, h-6)
-	line := func(series []int, stroke, dash string, width float64, name string) {
-		var pts strings.Builder
-		for i := 0; i < n && i < len(series); i++ {
-			t := math.Min((float64(i)+0.5)*bucket, end)
-			fmt.Fprintf(&pts, "%.1f,%.1f ", px(t), py(float64(series[i])/bucket))
-		}
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%.1f" stroke-dasharray="%s" points="%s"><title>%s</title></polyline>`,
-			stroke, width, dash, strings.TrimSpace(pts.String()), esc(name))
+	step := niceCeil(p.end / 10)
+	for t := 0.0; t <= p.end+1e-9; t += step {
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%.3g s</text>`, p.px(t), p.h-p.bottom+14, t)
 	}
-	for _, r := range rs {
-		line(r.Series, color(r.Strategy), "none", 1.8, r.Strategy)
+	fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">time since start</text>`, float64(p.left)+p.pw/2, p.h-6)
+}
+
+// line draws series as a polyline, a point in the middle of each bucket.
+func (p seriesPlot) line(b *strings.Builder, series []int, stroke, dash string, width float64, name string) {
+	var pts strings.Builder
+	for i := 0; i < p.n && i < len(series); i++ {
+		t := math.Min((float64(i)+0.5)*p.bucket, p.end)
+		fmt.Fprintf(&pts, "%.1f,%.1f ", p.px(t), p.py(float64(series[i])/p.bucket))
 	}
-	line(r0.RefSeries, "#000", "5 4", 1.4, "exact reference")
-	b.WriteString(`</svg>`)
-	return template.HTML(b.String()) // #nosec: every text is escaped above
+	fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="%.1f" stroke-dasharray="%s" points="%s"><title>%s</title></polyline>`,
+		stroke, width, dash, strings.TrimSpace(pts.String()), esc(name))
 }
 
 // niceCeil rounds v up to a round number: 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8

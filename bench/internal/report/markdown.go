@@ -10,6 +10,20 @@ import (
 // behind their schedule, and the target checks.
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
+	r.writeResults(&b)
+	r.writeOutage(&b)
+	r.writeKeyBands(&b)
+	r.writeBaselines(&b)
+	fmt.Fprintf(&b, "Hybrid timing: tick %s, contended TTL %s, uncontended TTL %s, Redis timeout %s, idle after %s.\n\n",
+		r.Hybrid.Tick, r.Hybrid.ContendedTTL, r.Hybrid.UncontendedTTL, r.Hybrid.RedisTimeout, r.Hybrid.IdleAfter)
+	r.writeTargets(&b)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeResults writes the results table, then the notes on the rows that
+// fell behind their schedule, which the table marks with a dagger.
+func (r *Report) writeResults(b *strings.Builder) {
 	if !r.Representative {
 		b.WriteString("**Not representative: every figure below was measured on an embedded in-process Redis (miniredis), " +
 			"with Redis commands counted by the clients.**\n\n")
@@ -18,7 +32,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	if !r.Representative {
 		note = " | note"
 	}
-	fmt.Fprintf(&b, "| scenario | strategy | decisions | allowed / reference | Redis commands | per 1000 decisions | decisions/s (closed loop) | p50 | p99%s |\n", note)
+	fmt.Fprintf(b, "| scenario | strategy | decisions | allowed / reference | Redis commands | per 1000 decisions | decisions/s (closed loop) | p50 | p99%s |\n", note)
 	sep := "|---|---|--:|--:|--:|--:|--:|--:|--:|"
 	if !r.Representative {
 		sep += "---|"
@@ -26,25 +40,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	b.WriteString(sep + "\n")
 	var behind []string
 	for _, res := range r.Scenarios {
-		dec := human(res.Decisions)
-		if res.Unprocessed > 0 || res.Late > res.Decisions/100 {
-			dec += " †"
-			behind = append(behind, fmt.Sprintf("%s / %s: %s of %s arrivals decided more than %s late, %s never decided "+
-				"(dropped when over %s late, or still owed at the end); lag p99 %s, max %s",
-				res.Scenario, res.Strategy, human(res.Late), human(res.Arrivals), ns(res.LateAfterNS), human(res.Unprocessed),
-				ns(res.ShedAfterNS), ns(res.LagP99), ns(res.LagMax)))
+		row, late := resultRow(res)
+		if late != "" {
+			behind = append(behind, late)
 		}
-		cmds := human(res.RedisCommands)
-		if res.RedisCountedBy == "client" {
-			cmds += " (client-counted)"
-		}
-		per1000 := "—"
-		if res.Decisions > 0 {
-			per1000 = sig(1000 * res.CommandsPerDecision)
-		}
-		row := fmt.Sprintf("| %s | %s | %s | %.3f (%s / %s) | %s | %s | %s | %s | %s |",
-			res.Scenario, res.Strategy, dec, res.Accuracy, human(res.Allowed), human(res.ReferenceAllowed),
-			cmds, per1000, rate(res.DecisionsPerSec), ns(res.P50), ns(res.P99))
 		if !r.Representative {
 			row += " not representative |"
 		}
@@ -59,26 +58,62 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
-	if h := r.Find("outage", Hybrid); h != nil {
-		b.WriteString("Outage window (Redis paused, then killed, until it is back):\n\n")
-		b.WriteString("| strategy | decisions | allowed / reference | p50 | p99 |\n|---|--:|--:|--:|--:|\n")
-		for _, res := range r.Scenarios {
-			if res.Scenario != "outage" {
-				continue
-			}
-			fmt.Fprintf(&b, "| %s | %s | %.3f (%s / %s) | %s | %s |\n", res.Strategy, human(res.OutageDecisions),
-				ratio(float64(res.OutageAllowed), float64(res.OutageReference)), human(res.OutageAllowed), human(res.OutageReference),
-				ns(res.OutageP50), ns(res.OutageP99))
-		}
-		b.WriteString("\n")
+}
+
+// resultRow returns res's row of the results table and, if res fell
+// behind its schedule, the note that says by how much.
+func resultRow(res Result) (row, behind string) {
+	dec := human(res.Decisions)
+	if res.Unprocessed > 0 || res.Late > res.Decisions/100 {
+		dec += " †"
+		behind = fmt.Sprintf("%s / %s: %s of %s arrivals decided more than %s late, %s never decided "+
+			"(dropped when over %s late, or still owed at the end); lag p99 %s, max %s",
+			res.Scenario, res.Strategy, human(res.Late), human(res.Arrivals), ns(res.LateAfterNS), human(res.Unprocessed),
+			ns(res.ShedAfterNS), ns(res.LagP99), ns(res.LagMax))
 	}
+	cmds := human(res.RedisCommands)
+	if res.RedisCountedBy == "client" {
+		cmds += " (client-counted)"
+	}
+	per1000 := "—"
+	if res.Decisions > 0 {
+		per1000 = sig(1000 * res.CommandsPerDecision)
+	}
+	row = fmt.Sprintf("| %s | %s | %s | %.3f (%s / %s) | %s | %s | %s | %s | %s |",
+		res.Scenario, res.Strategy, dec, res.Accuracy, human(res.Allowed), human(res.ReferenceAllowed),
+		cmds, per1000, rate(res.DecisionsPerSec), ns(res.P50), ns(res.P99))
+	return row, behind
+}
+
+// writeOutage writes the outage window's table, if hybrid ran the outage
+// scenario.
+func (r *Report) writeOutage(b *strings.Builder) {
+	if r.Find("outage", Hybrid) == nil {
+		return
+	}
+	b.WriteString("Outage window (Redis paused, then killed, until it is back):\n\n")
+	b.WriteString("| strategy | decisions | allowed / reference | p50 | p99 |\n|---|--:|--:|--:|--:|\n")
+	for _, res := range r.Scenarios {
+		if res.Scenario != "outage" {
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %s | %.3f (%s / %s) | %s | %s |\n", res.Strategy, human(res.OutageDecisions),
+			ratio(float64(res.OutageAllowed), float64(res.OutageReference)), human(res.OutageAllowed), human(res.OutageReference),
+			ns(res.OutageP50), ns(res.OutageP99))
+	}
+	b.WriteString("\n")
+}
+
+// writeKeyBands writes a table of accuracy by key popularity for every
+// scenario with key bands, the baselines' rows included.
+func (r *Report) writeKeyBands(b *strings.Builder) {
 	done := map[string]bool{}
 	for _, first := range r.Scenarios {
 		if len(first.KeyBands) == 0 || done[first.Scenario] {
 			continue
 		}
 		done[first.Scenario] = true
-		fmt.Fprintf(&b, "Accuracy by key popularity on %s (%s keys had arrivals in the measured window):\n\n",
+		fmt.Fprintf(b, "Accuracy by key popularity on %s (%s keys had arrivals in the measured window):\n\n",
 			first.Scenario, human(int64(first.DistinctKeys)))
 		b.WriteString("| strategy | popularity ranks | arrivals | allowed / reference |\n|---|---|--:|--:|\n")
 		for _, res := range append(append([]Result(nil), r.Scenarios...), r.Baselines...) {
@@ -86,31 +121,38 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				continue
 			}
 			for _, kb := range res.KeyBands {
-				fmt.Fprintf(&b, "| %s | %d–%d | %s | %.3f (%s / %s) |\n", res.Strategy, kb.First, kb.Last, human(kb.Arrivals),
+				fmt.Fprintf(b, "| %s | %d–%d | %s | %.3f (%s / %s) |\n", res.Strategy, kb.First, kb.Last, human(kb.Arrivals),
 					kb.Accuracy, human(kb.Allowed), human(kb.ReferenceAllowed))
 			}
 		}
 		b.WriteString("\n")
 	}
-	if len(r.Baselines) > 0 {
-		b.WriteString("Latency baseline: no library, a map of bare `x/time/rate` limiters under a mutex per instance (rate/N each), " +
-			"driven exactly like the strategies above:\n\n")
-		b.WriteString("| scenario | decisions | allowed / reference | p50 | p99 |\n|---|--:|--:|--:|--:|\n")
-		for _, res := range r.Baselines {
-			fmt.Fprintf(&b, "| %s | %s | %.3f (%s / %s) | %s | %s |\n", res.Scenario, human(res.Decisions),
-				res.Accuracy, human(res.Allowed), human(res.ReferenceAllowed), ns(res.P50), ns(res.P99))
-		}
-		b.WriteString("\n")
+}
+
+// writeBaselines writes the latency baselines' table, if any ran.
+func (r *Report) writeBaselines(b *strings.Builder) {
+	if len(r.Baselines) == 0 {
+		return
 	}
-	fmt.Fprintf(&b, "Hybrid timing: tick %s, contended TTL %s, uncontended TTL %s, Redis timeout %s, idle after %s.\n\n",
-		r.Hybrid.Tick, r.Hybrid.ContendedTTL, r.Hybrid.UncontendedTTL, r.Hybrid.RedisTimeout, r.Hybrid.IdleAfter)
+	b.WriteString("Latency baseline: no library, a map of bare `x/time/rate` limiters under a mutex per instance (rate/N each), " +
+		"driven exactly like the strategies above:\n\n")
+	b.WriteString("| scenario | decisions | allowed / reference | p50 | p99 |\n|---|--:|--:|--:|--:|\n")
+	for _, res := range r.Baselines {
+		fmt.Fprintf(b, "| %s | %s | %.3f (%s / %s) | %s | %s |\n", res.Scenario, human(res.Decisions),
+			res.Accuracy, human(res.Allowed), human(res.ReferenceAllowed), ns(res.P50), ns(res.P99))
+	}
+	b.WriteString("\n")
+}
+
+// writeTargets writes the target checks, then the notes.
+func (r *Report) writeTargets(b *strings.Builder) {
 	b.WriteString("Targets:\n\n")
 	for _, t := range r.Targets {
 		got := t.Got
 		if got == "" {
 			got = "—"
 		}
-		fmt.Fprintf(&b, "- **%s** — %s: %s (want %s)\n", t.Status, t.Name, got, t.Want)
+		fmt.Fprintf(b, "- **%s** — %s: %s (want %s)\n", t.Status, t.Name, got, t.Want)
 	}
 	if len(r.Notes) > 0 {
 		b.WriteString("\n")
@@ -118,6 +160,4 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			b.WriteString("- " + n + "\n")
 		}
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }

@@ -10,7 +10,7 @@ import (
 // ErrInvalidValue is wrapped by the errors of the MarshalText and
 // UnmarshalText methods of Mode, Policy and Source: UnmarshalText was given
 // a name that is not one of the type's, or MarshalText was called on a value
-// that has no name (the unset zero value, or a value out of range).
+// out of range.
 var ErrInvalidValue = errors.New("hybrid: invalid value")
 
 var (
@@ -24,19 +24,19 @@ var (
 
 // MarshalText implements encoding.TextMarshaler. It returns the name String
 // gives: local, global or hybrid. A Limit, and so a Status, therefore
-// marshals to JSON with, for example, "Mode":"hybrid". ModeUnset and values
-// out of range have no name: for them MarshalText returns an error wrapping
-// ErrInvalidValue, so that an unset Mode is never written down as a valid
-// one.
+// marshals to JSON with, for example, "Mode":"hybrid". ModeUnset marshals
+// to the empty text, so that a zero Limit or Status marshals too (and New
+// still rejects it); a value out of range is an error wrapping
+// ErrInvalidValue.
 func (m Mode) MarshalText() ([]byte, error) {
 	return marshalName(m, "mode", Local, Hybrid)
 }
 
 // UnmarshalText implements encoding.TextUnmarshaler. It accepts the names
 // MarshalText writes (local, global or hybrid) in any ASCII case, with '_'
-// read as '-'; it does not trim spaces. For any other text it returns an
-// error wrapping ErrInvalidValue that lists the valid names, and leaves m
-// unchanged.
+// read as '-', and the empty text as ModeUnset; it does not trim spaces.
+// For any other text it returns an error wrapping ErrInvalidValue that
+// lists the valid names, and leaves m unchanged.
 func (m *Mode) UnmarshalText(text []byte) error {
 	return unmarshalName(m, text, "mode", Local, Hybrid)
 }
@@ -44,9 +44,9 @@ func (m *Mode) UnmarshalText(text []byte) error {
 // MarshalText implements encoding.TextMarshaler. It returns the name String
 // gives: fail-local, fail-open or fail-closed. A Limit, and so a Status,
 // therefore marshals to JSON with, for example, "OnOutage":"fail-closed".
-// PolicyUnset and values out of range have no name: for them MarshalText
-// returns an error wrapping ErrInvalidValue, so that an unset Policy is
-// never written down as a valid one.
+// PolicyUnset marshals to the empty text, so that a zero Limit marshals too
+// (and New still rejects it); a value out of range is an error wrapping
+// ErrInvalidValue.
 func (p Policy) MarshalText() ([]byte, error) {
 	return marshalName(p, "policy", FailLocal, FailClosed)
 }
@@ -54,7 +54,7 @@ func (p Policy) MarshalText() ([]byte, error) {
 // UnmarshalText implements encoding.TextUnmarshaler. It accepts the names
 // MarshalText writes (fail-local, fail-open or fail-closed) in any ASCII
 // case, with '_' read as '-', so that fail_closed and FAIL-CLOSED both mean
-// FailClosed; it does not trim spaces. For any other text it returns an
+// FailClosed, and the empty text as PolicyUnset; it does not trim spaces. For any other text it returns an
 // error wrapping ErrInvalidValue that lists the valid names, and leaves p
 // unchanged.
 func (p *Policy) UnmarshalText(text []byte) error {
@@ -63,16 +63,17 @@ func (p *Policy) UnmarshalText(text []byte) error {
 
 // MarshalText implements encoding.TextMarshaler. It returns the name String
 // gives, the one the metrics use as their source label: lease, local,
-// global, fail_open or fail_closed. The zero Source (that of a Decision
-// returned with an error) and values out of range have no name: for them
-// MarshalText returns an error wrapping ErrInvalidValue.
+// global, fail_open or fail_closed. The zero Source, that of a Decision
+// returned with an error, marshals to the empty text; a value out of range
+// is an error wrapping ErrInvalidValue.
 func (s Source) MarshalText() ([]byte, error) {
 	return marshalName(s, "source", SourceLease, SourceFailClosed)
 }
 
 // UnmarshalText implements encoding.TextUnmarshaler. It accepts the names
 // MarshalText writes (lease, local, global, fail_open or fail_closed) in any
-// ASCII case, with '-' and '_' read alike; it does not trim spaces. For any
+// ASCII case, with '-' and '_' read alike, and the empty text as the zero
+// Source; it does not trim spaces. For any
 // other text it returns an error wrapping ErrInvalidValue that lists the
 // valid names, and leaves s unchanged.
 func (s *Source) UnmarshalText(text []byte) error {
@@ -80,20 +81,20 @@ func (s *Source) UnmarshalText(text []byte) error {
 }
 
 // enum is a type whose values first..last, and only those, are named by
-// String.
+// String; its zero value means unset.
 type enum interface {
 	~int
 	fmt.Stringer
 }
 
-// marshalName returns v's name, or an error if v is outside first..last.
+// marshalName returns v's name, the empty text for the zero value, or an
+// error if v is outside first..last.
 func marshalName[E enum](v E, kind string, first, last E) ([]byte, error) {
+	if v == 0 {
+		return []byte{}, nil
+	}
 	if v < first || v > last {
-		why := "out of range"
-		if v == 0 {
-			why = "unset"
-		}
-		return nil, fmt.Errorf("%w: %v is %s and has no name: a %s is %s", ErrInvalidValue, v, why, kind, names(first, last))
+		return nil, fmt.Errorf("%w: %v is out of range and has no name: a %s is %s", ErrInvalidValue, v, kind, names(first, last))
 	}
 	return []byte(v.String()), nil
 }
@@ -101,6 +102,10 @@ func marshalName[E enum](v E, kind string, first, last E) ([]byte, error) {
 // unmarshalName sets *v to the value in first..last named by text, or
 // returns an error and leaves *v alone.
 func unmarshalName[E enum](v *E, text []byte, kind string, first, last E) error {
+	if len(text) == 0 {
+		*v = 0
+		return nil
+	}
 	for e := first; e <= last; e++ {
 		if sameName(text, e.String()) {
 			*v = e

@@ -24,8 +24,8 @@ type textCase[T any] struct {
 // checkText checks the text methods of one enum type: MarshalText of every
 // valid value gives its String and reads back; the cases read as wanted,
 // and failing cases leave the value alone and wrap ErrInvalidValue with the
-// valid names; MarshalText fails for exactly the values String has no name
-// for.
+// valid names; the zero value and the empty text stand for each other;
+// MarshalText fails for exactly the other values String has no name for.
 func checkText[T interface {
 	~int
 	fmt.Stringer
@@ -45,6 +45,13 @@ func checkText[T interface {
 		if err := P(&back).UnmarshalText(b); err != nil || back != v {
 			t.Errorf("UnmarshalText(%q) = %v, %v; want %v", b, back, err, v)
 		}
+	}
+	var zero T
+	if b, err := zero.MarshalText(); err != nil || len(b) != 0 {
+		t.Errorf("%s(0).MarshalText() = %q, %v; want the empty text", kind, b, err)
+	}
+	if got := T(99); P(&got).UnmarshalText(nil) != nil || got != 0 {
+		t.Errorf("UnmarshalText of the empty text = %v; want %s(0)", got, kind)
 	}
 	for _, tc := range cases {
 		got := T(99) // left alone on error
@@ -66,6 +73,9 @@ func checkText[T interface {
 	// The values with a name are exactly those String names: a new
 	// constant cannot be added to String and forgotten here.
 	for i := -2; i < 12; i++ {
+		if i == 0 {
+			continue
+		}
 		v := T(i)
 		named := !strings.HasPrefix(v.String(), kind+"(")
 		b, err := v.MarshalText()
@@ -81,7 +91,7 @@ func checkText[T interface {
 }
 
 // rejected are texts no Mode, Policy or Source has.
-var rejected = []string{"", " ", "0", "1", "unset", "none", "Mode(3)", "Policy(1)", "\xff", "hybrid\x00"}
+var rejected = []string{" ", "0", "1", "unset", "none", "Mode(3)", "Policy(1)", "\xff", "hybrid\x00"}
 
 func TestModeText(t *testing.T) {
 	cases := []textCase[hybrid.Mode]{
@@ -127,14 +137,13 @@ func TestSourceText(t *testing.T) {
 		hybrid.SourceFailOpen, hybrid.SourceFailClosed}, "lease, local, global, fail_open or fail_closed", cases)
 }
 
-func TestMarshalTextUnsetError(t *testing.T) {
+func TestMarshalTextOutOfRangeError(t *testing.T) {
 	for _, tc := range []struct {
 		v    encoding.TextMarshaler
 		want string
 	}{
-		{hybrid.ModeUnset, "hybrid: invalid value: Mode(0) is unset and has no name: a mode is local, global or hybrid"},
 		{hybrid.Mode(4), "hybrid: invalid value: Mode(4) is out of range and has no name: a mode is local, global or hybrid"},
-		{hybrid.PolicyUnset, "hybrid: invalid value: Policy(0) is unset and has no name: a policy is fail-local, fail-open or fail-closed"},
+		{hybrid.Policy(7), "hybrid: invalid value: Policy(7) is out of range and has no name: a policy is fail-local, fail-open or fail-closed"},
 		{hybrid.Source(-1), "hybrid: invalid value: Source(-1) is out of range and has no name: a source is lease, local, global, fail_open or fail_closed"},
 	} {
 		if _, err := tc.v.MarshalText(); err == nil || err.Error() != tc.want {
@@ -177,9 +186,13 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("Status read back as %+v; want %+v", back, st)
 	}
 
-	// A Status that was never filled in does not pass for a valid one.
-	if b, err := json.Marshal(hybrid.Status{}); !errors.Is(err, hybrid.ErrInvalidValue) {
-		t.Errorf("json.Marshal(Status{}) = %s, %v; want an error wrapping ErrInvalidValue", b, err)
+	// A zero Status, as returned with an error, marshals with its unset
+	// enums empty, and a zero Decision too.
+	if b, err := json.Marshal(hybrid.Status{}); err != nil || !strings.Contains(string(b), `"Mode":"","OnOutage":""`) {
+		t.Errorf("json.Marshal(Status{}) = %s, %v; want the unset Mode and OnOutage as empty strings", b, err)
+	}
+	if b, err := json.Marshal(hybrid.Decision{}); err != nil || !strings.Contains(string(b), `"Source":""`) {
+		t.Errorf("json.Marshal(Decision{}) = %s, %v; want the zero Source as an empty string", b, err)
 	}
 }
 
@@ -199,7 +212,7 @@ func TestLimitJSON(t *testing.T) {
 	for _, s := range []string{
 		`{"Mode":"leased"}`,
 		`{"OnOutage":"fail-soft"}`,
-		`{"Mode":""}`,
+		`{"Mode":"unset"}`,
 	} {
 		var l hybrid.Limit
 		if err := json.Unmarshal([]byte(s), &l); !errors.Is(err, hybrid.ErrInvalidValue) {
@@ -237,10 +250,13 @@ func ExampleLimit_json() {
 	}
 	fmt.Println(string(b))
 
-	// An unset Mode is an error, not a valid-looking name.
-	_, err = json.Marshal(hybrid.Limit{Name: "login", Rate: 20, Burst: 10, OnOutage: hybrid.FailClosed})
-	fmt.Println(errors.Is(err, hybrid.ErrInvalidValue))
+	// An unset Mode is empty, never a valid-looking name.
+	b, err = json.Marshal(hybrid.Limit{Name: "login", Rate: 20, Burst: 10, OnOutage: hybrid.FailClosed})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(b))
 	// Output:
 	// {"Name":"login","Rate":20,"Burst":10,"Mode":"hybrid","OnOutage":"fail-closed"}
-	// true
+	// {"Name":"login","Rate":20,"Burst":10,"Mode":"","OnOutage":"fail-closed"}
 }

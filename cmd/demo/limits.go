@@ -203,7 +203,9 @@ func (p *limitsParser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 	if v := p.field(item, fields, "mode", "write mode: hybrid (or local, global)"); v != nil {
 		// UnmarshalText ignores case and reads '_' as '-'; a quoted value
 		// may also carry spaces.
-		if err := l.Mode.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil {
+		// An empty value reads as the unset mode, which New would reject
+		// without saying where.
+		if err := l.Mode.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil || l.Mode == hybrid.ModeUnset {
 			p.errorf(v, "mode %q is not a mode: write mode: hybrid (or local, global)", v.Value)
 		}
 	}
@@ -212,7 +214,7 @@ func (p *limitsParser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 		guess, others = "fail-closed", "fail-local, fail-open"
 	}
 	if v := p.field(item, fields, "on_outage", fmt.Sprintf("write on_outage: %s (or %s): what the limit does while Redis is down", guess, others)); v != nil {
-		if err := l.OnOutage.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil {
+		if err := l.OnOutage.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil || l.OnOutage == hybrid.PolicyUnset {
 			p.errorf(v, "on_outage %q is not a policy: write on_outage: %s (or %s)", v.Value, guess, others)
 		}
 	}

@@ -118,6 +118,13 @@ func TestLimitsFileErrors(t *testing.T) {
 			`limits.yaml:6: limit "api": on_outage "fail-soft" is not a policy: write on_outage: fail-local (or fail-open, fail-closed)`,
 		},
 	}, {
+		name: "quoted empty mode and policy",
+		file: strings.Replace(strings.Replace(good, "mode: hybrid", `mode: ""`, 1), "fail-local", `" "`, 1),
+		want: []string{
+			`limits.yaml:5: limit "api": mode "" is not a mode: write mode: hybrid (or local, global)`,
+			`limits.yaml:6: limit "api": on_outage " " is not a policy: write on_outage: fail-local (or fail-open, fail-closed)`,
+		},
+	}, {
 		name: "empty on_outage",
 		file: strings.Replace(good, "on_outage: fail-local", "on_outage:", 1),
 		want: []string{`limits.yaml:6: limit "api": on_outage is missing`},

@@ -60,11 +60,13 @@ const (
 	// locally: Redis started the lease no earlier than the request went
 	// out, so the grant ends here before it ends there, whatever the clocks.
 	endEarly = 0.9
-	// idleAfterRenewals: a leased key without a decision for this many
-	// halves of UncontendedTTL (one uncontended renewal period) stops
-	// renewing. Letting go sooner would make keys with a request or two per
-	// renewal flap between a lease and their default share.
-	idleAfterRenewals = 1
+	// renewDivisor: a lease renews once 1/renewDivisor of its lifetime has
+	// passed, so that a renewal that fails leaves time for more before the
+	// lease ends. A leased key without decisions for one uncontended
+	// renewal period (UncontendedTTL/renewDivisor) stops renewing: letting
+	// go sooner would make keys with a request or two per renewal flap
+	// between a lease and their default share.
+	renewDivisor = 2
 )
 
 // keyState is where one key's lease stands on this instance.
@@ -213,7 +215,7 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 		if !e.due(now, st, le, def) {
 			continue
 		}
-		if le.state != stateDefault && now.Sub(st.LastSeen) >= idleAfterRenewals*e.t.uncontendedTTL/2 {
+		if le.state != stateDefault && now.Sub(st.LastSeen) >= e.t.uncontendedTTL/renewDivisor {
 			calls = e.idle(now, n, st, le, calls)
 			continue
 		}
@@ -340,9 +342,9 @@ func (e *engine) renewIn(ttl time.Duration, res *global.Lease, first, settled bo
 	case res.Contended && !settled:
 		// A share that moved renews on the contended schedule, even if this
 		// request was for a longer, settled lease.
-		return min(ttl, e.t.contendedTTL) / 2
+		return min(ttl, e.t.contendedTTL) / renewDivisor
 	}
-	return ttl / 2
+	return ttl / renewDivisor
 }
 
 // failed records that c, sent at sent, got no answer: the key tries again

@@ -96,13 +96,17 @@ func setHeaders(h http.Header, limit string, q Quota, d Decision) {
 	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, remaining, reset))
 }
 
+// longestWait is the longest wait the headers state; a longer one is as
+// good as Never to a client.
+const longestWait = 24 * time.Hour
+
 // ceilSeconds rounds d up to whole seconds, at least 1, and Never (or any
-// duration past a day) to fallback.
+// duration past longestWait) to fallback.
 func ceilSeconds(d time.Duration, fallback int64) int64 {
 	if d <= 0 {
 		return 1
 	}
-	if d == Never || d > 24*time.Hour {
+	if d == Never || d > longestWait {
 		return fallback
 	}
 	return max(1, int64(math.Ceil(d.Seconds())))

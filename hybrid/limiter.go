@@ -109,7 +109,7 @@ func New(cfg Config) (*Limiter, error) {
 		done:    make(chan struct{}),
 	}
 	now := time.Now()
-	l.health = health{quiet: cfg.UncontendedTTL/2 + cfg.Tick, answered: now}
+	l.health = health{quiet: cfg.UncontendedTTL/renewDivisor + cfg.Tick, answered: now}
 	n := l.members.Count()
 	l.samples = []peerSample{{now, n}}
 	m.peers.Set(float64(n))

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/hybridlimit/hybridlimit/global"
@@ -18,11 +19,11 @@ type store interface {
 var _ store = (*global.Store)(nil)
 
 // health tells from Redis's answers whether it is gone. Every live key
-// renews within UncontendedTTL/2, so that long (plus a tick) without any
+// renews within UncontendedTTL/renewDivisor, so that long (plus a tick) without any
 // answer means Redis is gone, not just the nodes of the keys in one batch.
 // Owned by the loop.
 type health struct {
-	quiet    time.Duration // UncontendedTTL/2 + Tick
+	quiet    time.Duration // UncontendedTTL/renewDivisor + Tick
 	answered time.Time     // when Redis last answered
 }
 
@@ -282,7 +283,8 @@ func (l *Limiter) ping() error {
 func (l *Limiter) releaseAll(ctx context.Context) error {
 	var b batch
 	n := l.members.Count()
-	far := time.Now().Add(100 * 365 * 24 * time.Hour)
+	// Every key is idle as seen from this far ahead.
+	far := time.Now().Add(math.MaxInt64)
 	for _, ls := range l.order {
 		if ls.eng != nil {
 			b.add(ls, ls.eng.releaseAll(n, b.calls[:0]))

@@ -19,9 +19,9 @@
 -- ARGV[8]  running_us, how much longer it runs that grant, microseconds (>= 0)
 --
 -- Returns {granted, fair, demand, contended ("0"/"1"), expiry_us}, all strings
--- (fair: this instance's max-min fair share; when the key is uncontended, its
--- want plus an N-th of what nobody wants)
--- because Redis truncates Lua numbers to integers.
+-- because Redis truncates Lua numbers to integers. fair is this instance's
+-- max-min fair share; when the key is uncontended, its want plus an N-th of
+-- what nobody wants.
 --
 -- Invariant: after every run, the sum over the live leases of the key of
 -- what each instance may be running -- the larger of its grant and, until
@@ -29,6 +29,149 @@
 -- this instance is granted at most rate minus what the others may be
 -- running, and it was counted at what it is running already. Leases only
 -- otherwise shrink (expire or are released).
+--
+-- Redis runs this as Lua 5.1 and forbids globals: every name is local.
+
+-- decode_lease reads an "i:<instance>" value, in either format, into
+-- {granted, want, expiry, running, running_until}; nil if it is unreadable.
+-- A record without a running grant says it runs 0 until 0.
+local function decode_lease(v)
+  local g, w, e, rg, re = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if not g then
+    g, w, e = string.match(v, '^(%S+) (%S+) (%S+)$')
+    rg, re = '0', '0'
+  end
+  g, w, e, rg, re = tonumber(g), tonumber(w), tonumber(e), tonumber(rg), tonumber(re)
+  if not g or not w or not e or not rg or not re then
+    return nil
+  end
+  return {granted = g, want = w, expiry = e, running = rg, running_until = re}
+end
+
+-- encode_lease writes a lease for decode_lease: five fields if it has a
+-- running_until, the three of the older format if not.
+local function encode_lease(l)
+  if l.running_until == nil then
+    return string.format('%.17g %.17g %d', l.granted, l.want, l.expiry)
+  end
+  return string.format('%.17g %.17g %d %.17g %d',
+    l.granted, l.want, l.expiry, l.running, l.running_until)
+end
+
+-- holds is what the instance of lease l may be running at now: its grant
+-- while the lease lives, and the larger grant it was running when it
+-- asked, until that ends.
+local function holds(l, now)
+  local h = 0
+  if l.expiry > now then h = l.granted end
+  if l.running_until > now and l.running > h then h = l.running end
+  return h
+end
+
+-- lease_end is when lease l stops counting: when both its grant and the
+-- grant it said it was running have ended.
+local function lease_end(l)
+  return math.max(l.expiry, l.running_until)
+end
+
+-- read_hash sorts out the fields of the lease hash at server time now, for
+-- instance inst. It returns
+--   born    when the hash was created, nil if it does not say;
+--   dead    the fields to delete: ended or unreadable leases and markers;
+--   wants   the wants of the other instances whose grant lives;
+--   others  what the other instances may be running (see holds);
+--   last    when the latest of the others' leases and markers ends, or 0;
+--   known   how many other instances have asked: those with a live lease,
+--           and those that released theirs recently ("r:<instance>") and
+--           hold none since. An instance that released its lease is not one
+--           that has not asked yet.
+local function read_hash(fields, inst, now)
+  local self, self_released = 'i:' .. inst, 'r:' .. inst
+  local born, dead, wants, others, last = nil, {}, {}, 0, 0
+  local released, leased = {}, {} -- by instance id
+  for i = 1, #fields, 2 do
+    local id, v = fields[i], fields[i + 1]
+    if id == 'born' then
+      born = tonumber(v)
+    elseif string.sub(id, 1, 2) == 'r:' then
+      local e = tonumber(v)
+      if not e or e <= now then
+        dead[#dead + 1] = id
+      elseif id ~= self_released then
+        released[string.sub(id, 3)] = true
+        last = math.max(last, e)
+      end
+    else
+      local l = decode_lease(v)
+      if not l or lease_end(l) <= now then
+        dead[#dead + 1] = id
+      elseif id ~= self then
+        if l.expiry > now then wants[#wants + 1] = l.want end
+        others = others + holds(l, now)
+        leased[string.sub(id, 3)] = true
+        last = math.max(last, lease_end(l))
+      end
+    end
+  end
+  local known = #wants
+  for id in pairs(released) do
+    if not leased[id] then known = known + 1 end
+  end
+  return born, dead, wants, others, last, known
+end
+
+-- hdel deletes the fields ids of key, in chunks: unpack is limited by the
+-- Lua stack.
+local function hdel(key, ids)
+  for i = 1, #ids, 1000 do
+    redis.call('HDEL', key, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
+-- water_fill is the max-min fair split of rate over wants, which it sorts:
+-- the smallest wants are served first. It returns the demand (the sum of
+-- the wants), the level every want that does not fit is capped at (nil
+-- when all fit, the key is uncontended) and, when all fit, what is left.
+local function water_fill(wants, rate)
+  table.sort(wants)
+  local demand = 0
+  for i = 1, #wants do demand = demand + wants[i] end
+  local left = rate
+  for i = 1, #wants do
+    local share = left / (#wants - i + 1)
+    if wants[i] > share then return demand, share, left end
+    left = left - wants[i]
+  end
+  return demand, nil, left
+end
+
+-- fair_share is the fair share of an instance wanting want, when the
+-- water-filling of count wants gave level and left.
+--
+-- Contended, it is the want capped at the level. Uncontended, what nobody
+-- wants is split N ways on top of each want, so a key one instance uses
+-- runs with at least its default share (and burst) there, while N-1 parts
+-- stay free for instances that start wanting it. Not while the key is
+-- young: after a FLUSHALL or a restart, instances that have not renewed
+-- yet may hold more than the rate/N they are counted at, and handing out
+-- what looks free would overshoot and starve them. A young key's instance
+-- still gets what nobody wants on top of its want up to its default share
+-- rate/N, so that a lease does not leave a sparse key worse off than rate/N
+-- would (its burst follows its rate). A release's fair share is its want, 0.
+local function fair_share(want, level, left, count, rate, n, young)
+  if level ~= nil then
+    return math.min(want, level)
+  end
+  if not (want > 0) then
+    return want
+  end
+  local with_surplus = want + left / math.max(n, count)
+  if young then
+    return math.max(want, math.min(rate / n, with_surplus))
+  end
+  return with_surplus
+end
+
 local key = KEYS[1]
 local inst = ARGV[1]
 local want = tonumber(ARGV[2])
@@ -38,78 +181,25 @@ local ttl = tonumber(ARGV[5])
 local cold = tonumber(ARGV[6])
 local running = tonumber(ARGV[7])
 local running_us = tonumber(ARGV[8])
-if inst == nil or inst == '' or not want or not rate or not n or not ttl or not cold
-    or not running or not running_us
-    or want < 0 or rate < 0 or n < 1 or ttl < 1 or cold < 0 or running < 0 or running_us < 0 then
+local valid = inst ~= nil and inst ~= '' and want and rate and n and ttl and cold
+  and running and running_us and not (want < 0 or rate < 0 or n < 1 or ttl < 1
+  or cold < 0 or running < 0 or running_us < 0)
+if not valid then
   return redis.error_reply('ERR hybridlimit: invalid lease arguments')
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
--- Live leases of the other instances; expired or unreadable fields go.
-local fields = redis.call('HGETALL', key)
-local wants = {}
-local others = 0
-local last = 0 -- latest expiry among the other live leases
-local dead = {}
-local born = nil
 local self = 'i:' .. inst
-local released = {} -- instances that released recently: known, wanting 0
-local leased = {}   -- instances with a live lease
-for i = 1, #fields, 2 do
-  local id = fields[i]
-  if id == 'born' then
-    born = tonumber(fields[i + 1])
-  elseif string.sub(id, 1, 2) == 'r:' then
-    local e = tonumber(fields[i + 1])
-    if not e or e <= now then
-      dead[#dead + 1] = id
-    elseif id ~= 'r:' .. inst then
-      released[string.sub(id, 3)] = true
-      if e > last then last = e end
-    end
-  else
-  local v = fields[i + 1]
-  local g, w, e, rg, re = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-  if not g then
-    g, w, e = string.match(v, '^(%S+) (%S+) (%S+)$')
-    rg, re = '0', '0'
-  end
-  g, w, e, rg, re = tonumber(g), tonumber(w), tonumber(e), tonumber(rg), tonumber(re)
-  if not g or not w or not e or not rg or not re then
-    dead[#dead + 1] = id
-  else
-    -- What the instance may be running: its grant while the lease lives,
-    -- and the larger grant it was running when it asked, until that ends.
-    local holds = 0
-    if e > now then holds = g end
-    if re > now and rg > holds then holds = rg end
-    local until_ = math.max(e, re)
-    if until_ <= now then
-      dead[#dead + 1] = id
-    elseif id ~= self then
-      if e > now then wants[#wants + 1] = w end
-      others = others + holds
-      leased[string.sub(id, 3)] = true
-      if until_ > last then last = until_ end
-    end
-  end
-  end
-end
--- An instance that released its lease is not one that has not asked yet.
-local known = #wants
-for id in pairs(released) do
-  if not leased[id] then known = known + 1 end
-end
+
+local born, dead, wants, others, last, known =
+  read_hash(redis.call('HGETALL', key), inst, now)
 if born == nil and want > 0 then
   born = now
   redis.call('HSET', key, 'born', string.format('%d', now))
 end
--- Delete in chunks: unpack is limited by the Lua stack.
-for i = 1, #dead, 1000 do
-  redis.call('HDEL', key, unpack(dead, i, math.min(i + 999, #dead)))
-end
+hdel(key, dead)
+local young = born ~= nil and now - born < cold
 
 -- This instance, then, while the key is young, the instances that have not
 -- asked yet, each counted as wanting its default share: they may be running
@@ -117,48 +207,14 @@ end
 -- instance that first sees the key later starts at its default share too;
 -- DESIGN.md allows one such default share per (instance, key) cold start.
 wants[#wants + 1] = want
-if born ~= nil and now - born < cold then
-  local phantoms = math.floor(n) - (known + 1)
-  for _ = 1, phantoms do
+if young then
+  for _ = 1, math.floor(n) - (known + 1) do
     wants[#wants + 1] = rate / n
   end
 end
 
--- Max-min fair split (water-filling): serve the smallest wants first; the
--- level is what every want that does not fit is capped at.
-table.sort(wants)
-local demand = 0
-for i = 1, #wants do demand = demand + wants[i] end
-local left = rate
-local level = nil
-for i = 1, #wants do
-  local share = left / (#wants - i + 1)
-  if wants[i] > share then
-    level = share
-    break
-  end
-  left = left - wants[i]
-end
-local fair = want
-if level ~= nil and level < fair then fair = level end
--- Uncontended: what nobody wants is split N ways on top of each want, so a
--- key one instance uses runs with at least its default share (and burst)
--- there, while N-1 parts stay free for instances that start wanting it.
--- Not while the key is young: after a FLUSHALL or a restart, instances that
--- have not renewed yet may hold more than the rate/N they are counted at,
--- and handing out what looks free would overshoot and starve them.
-local young = born ~= nil and now - born < cold
-if level == nil and want > 0 and not young then
-  fair = want + left / math.max(n, #wants)
-end
--- Uncontended, a young key's instance still gets what nobody wants on top
--- of its want up to its default share rate/N, so that a lease does not
--- leave a sparse key worse off than rate/N would (its burst follows its
--- rate).
-if level == nil and want > 0 then
-  fair = math.max(fair, math.min(rate / n, want + left / math.max(n, #wants)))
-end
-
+local demand, level, left = water_fill(wants, rate)
+local fair = fair_share(want, level, left, #wants, rate, n, young)
 local granted = math.min(fair, rate - others)
 if granted < 0 or want == 0 then granted = 0 end
 
@@ -167,28 +223,25 @@ if want == 0 then
   -- Released: while the key is young, remember that this instance asked
   -- and wants nothing, so that it is not counted as one that has not asked.
   redis.call('HDEL', key, self)
-  if born ~= nil and now - born < cold then
+  if young then
     local until_ = born + cold
     redis.call('HSET', key, 'r:' .. inst, string.format('%d', until_))
-    if until_ > last then last = until_ end
+    last = math.max(last, until_)
   end
 else
   expiry = now + ttl
   redis.call('HDEL', key, 'r:' .. inst)
+  local l = {granted = granted, want = want, expiry = expiry}
   if running > 0 and running_us > 0 then
     -- Until it hears of this grant the instance runs the one it has: count
     -- that too, until it ends, so that what it gives up is not granted to
     -- others early (the one it has may be larger, or last longer).
-    local running_until = now + running_us
-    redis.call('HSET', key, self,
-      string.format('%.17g %.17g %d %.17g %d', granted, want, expiry, running, running_until))
-    if running_until > last then last = running_until end
-  else
-    redis.call('HSET', key, self,
-      string.format('%.17g %.17g %d', granted, want, expiry))
+    l.running, l.running_until = running, now + running_us
+    last = math.max(last, l.running_until)
   end
+  redis.call('HSET', key, self, encode_lease(l))
 end
-if expiry > last then last = expiry end
+last = math.max(last, expiry)
 -- The hash lives as long as its latest lease, so it vanishes with the last one.
 if last > now then
   redis.call('PEXPIRE', key, string.format('%d', math.ceil((last - now) / 1000)))

@@ -2,7 +2,9 @@ package global
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -64,12 +66,31 @@ func New(rdb Rediser, prefix string) *Store {
 	return &Store{rdb: rdb, prefix: prefix}
 }
 
+// MaxKeyBytes is the longest key that goes into Redis key names as it is.
+// Keys often come from clients (an API key, a header, an address), and a
+// client may send megabytes: a longer key is named in Redis by "#" and the
+// hex SHA-256 of the key, 65 bytes. Two different long keys share a name
+// only if SHA-256 collides. (A short key that spells such a name shares it
+// with the long key it hashes; whoever can write that key knows the long
+// one, and could send it instead.)
+const MaxKeyBytes = 128
+
 // LeaseKey returns the Redis key of the lease hash of (limit, key):
-// "<prefix>:{<limit>:<key>}". The braces are a Redis Cluster hash tag, so the
-// lease hash and the token bucket of one (limit, key) live in one slot. Limit
-// names should not contain ':', or two (limit, key) pairs may share a key.
+// "<prefix>:{<limit>:<key>}", with key hashed if it is longer than
+// MaxKeyBytes. The braces are a Redis Cluster hash tag, so the lease hash
+// and the token bucket of one (limit, key) live in one slot. Limit names
+// should not contain ':', or two (limit, key) pairs may share a key.
 func (s *Store) LeaseKey(limit, key string) string {
-	return s.prefix + ":{" + limit + ":" + key + "}"
+	return s.prefix + ":{" + limit + ":" + keyName(key) + "}"
+}
+
+// keyName is key as it appears in Redis key names, see MaxKeyBytes.
+func keyName(key string) string {
+	if len(key) <= MaxKeyBytes {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "#" + hex.EncodeToString(sum[:])
 }
 
 // BucketKey returns the Redis key of the token bucket of (limit, key):

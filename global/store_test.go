@@ -2,6 +2,7 @@ package global_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,5 +25,50 @@ func TestPing(t *testing.T) {
 	defer cancel()
 	if err := store.Ping(ctx); err == nil {
 		t.Fatal("Ping with the server killed: got nil, want an error")
+	}
+}
+
+// TestLongKeysAreHashedInRedis: a key longer than MaxKeyBytes, as a client
+// may send, is named in Redis by its hash, in the lease hash and the token
+// bucket alike; each long key keeps a bucket of its own, and shorter keys
+// keep their names.
+func TestLongKeysAreHashedInRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	long := strings.Repeat("k", 1<<20)
+	other := long[:len(long)-1] + "x"
+	edge := strings.Repeat("e", global.MaxKeyBytes)
+	for _, key := range []string{long, other, edge} {
+		// Each long key has a bucket of its own: its first token is there.
+		if tk, err := store.TakeN(ctx, "api", key, 0.001, 1, 1); err != nil || !tk.Allowed {
+			t.Fatalf("first take on a key of %d bytes: %+v, %v; want it allowed", len(key), tk, err)
+		}
+		out := make([]global.Lease, 1)
+		req := global.LeaseRequest{Limit: "api", Key: key, Instance: "i", Want: 1, Rate: 10, Instances: 1, TTL: time.Minute}
+		if err := store.Lease(ctx, []global.LeaseRequest{req}, out); err != nil || out[0].Err != nil {
+			t.Fatal(err, out[0].Err)
+		}
+	}
+	names, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 6 {
+		t.Fatalf("Redis holds %d keys for 3 keys' leases and buckets: %d bytes of names", len(names), len(strings.Join(names, "")))
+	}
+	longest := 0
+	for _, n := range names {
+		longest = max(longest, len(n))
+	}
+	if limit := len(store.BucketKey("api", edge)); longest > limit {
+		t.Errorf("longest Redis key name is %d bytes; want at most %d, that of a key of MaxKeyBytes", longest, limit)
+	}
+	if !strings.Contains(store.LeaseKey("api", edge), edge) {
+		t.Errorf("a key of MaxKeyBytes is not named as it is: %q", store.LeaseKey("api", edge))
+	}
+	if tk, err := store.TakeN(ctx, "api", other, 0.001, 1, 1); err != nil || tk.Allowed {
+		t.Errorf("second take on a long key: %+v, %v; want a denial: its bucket is found again by its hash", tk, err)
 	}
 }

@@ -1,0 +1,271 @@
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+)
+
+// pushbackTrailer is the trailer in which a refused call states, in whole
+// milliseconds, how long the client should wait before retrying; -1 means
+// "do not retry". gRPC clients with a retry policy read it (gRFC A6), and
+// grpc-go lets a server set it as ordinary metadata.
+const pushbackTrailer = "grpc-retry-pushback-ms"
+
+// longestWait is the longest wait a refusal states; a longer one is as good
+// as hybrid.Never to a client (the HTTP middleware uses the same bound).
+const longestWait = 24 * time.Hour
+
+// KeyFunc returns the key a call is limited by: for example the caller's
+// API key from the metadata, or its address. fullMethod is the method's full
+// name, "/package.Service/Method". An empty key is handled as WithEmptyKey
+// says. A KeyFunc is called once per call, concurrently.
+type KeyFunc func(ctx context.Context, fullMethod string) string
+
+// EmptyKey says what the interceptors do with a call whose key is empty. The
+// zero value is EmptyKeyShared.
+type EmptyKey int
+
+const (
+	// EmptyKeyShared limits all calls without a key under one shared key,
+	// the empty string: callers that cannot be told apart share one bucket,
+	// so they can neither bypass the limit nor be turned away outright. It
+	// is the default.
+	EmptyKeyShared EmptyKey = iota
+	// EmptyKeyDeny refuses calls without a key with codes.Unauthenticated,
+	// without taking a decision.
+	EmptyKeyDeny
+	// EmptyKeySkip admits calls without a key without taking a decision, so
+	// a KeyFunc can leave calls unlimited by returning "". Beware of a
+	// KeyFunc that returns "" for something a client controls (a missing
+	// header): such clients are never limited.
+	EmptyKeySkip
+)
+
+// String returns the name of e without its prefix: "shared", "deny" or
+// "skip".
+func (e EmptyKey) String() string {
+	switch e {
+	case EmptyKeyShared:
+		return "shared"
+	case EmptyKeyDeny:
+		return "deny"
+	case EmptyKeySkip:
+		return "skip"
+	}
+	return fmt.Sprintf("EmptyKey(%d)", int(e))
+}
+
+// Option sets an optional behaviour of the interceptors.
+type Option func(*options)
+
+type options struct {
+	cost     func(ctx context.Context, fullMethod string) int
+	skip     map[string]bool // full method names
+	services []string        // prefixes "/package.Service/"
+	emptyKey EmptyKey
+}
+
+// WithCost sets the number of tokens a call takes: cost(ctx, fullMethod).
+// Without it every call costs 1. A cost above the limit's burst is refused
+// with codes.ResourceExhausted and no retry delay, since it can never be
+// admitted; a cost below 1 is a server bug, answered with codes.Internal (use
+// WithSkipMethods for calls that should be free). A nil cost means 1.
+func WithCost(cost func(ctx context.Context, fullMethod string) int) Option {
+	return func(o *options) { o.cost = cost }
+}
+
+// WithSkipMethods leaves the named methods unlimited: they reach the handler
+// without a decision and without calling the KeyFunc. A name is either a full
+// method name, "/package.Service/Method", or a whole service,
+// "/package.Service/" (with the trailing slash), such as the health service
+// "/grpc.health.v1.Health/". It panics if a name does not start with '/', as
+// such a name could never match. Several WithSkipMethods add up.
+func WithSkipMethods(names ...string) Option {
+	for _, n := range names {
+		if !strings.HasPrefix(n, "/") || n == "/" {
+			panic(fmt.Sprintf("grpclimit: WithSkipMethods(%q): want a full method name \"/package.Service/Method\" or a service \"/package.Service/\"", n))
+		}
+	}
+	return func(o *options) {
+		for _, n := range names {
+			if strings.HasSuffix(n, "/") {
+				o.services = append(o.services, n)
+				continue
+			}
+			if o.skip == nil {
+				o.skip = make(map[string]bool)
+			}
+			o.skip[n] = true
+		}
+	}
+}
+
+// WithEmptyKey sets what the interceptors do with a call whose key is
+// empty. Without it, EmptyKeyShared. It panics if e is none of the EmptyKey
+// constants.
+func WithEmptyKey(e EmptyKey) Option {
+	if e < EmptyKeyShared || e > EmptyKeySkip {
+		panic(fmt.Sprintf("grpclimit: WithEmptyKey(%v): want EmptyKeyShared, EmptyKeyDeny or EmptyKeySkip", e))
+	}
+	return func(o *options) { o.emptyKey = e }
+}
+
+// UnaryServerInterceptor returns a unary server interceptor that admits each
+// call against limit of l, keyed by key, before calling the handler. A call
+// that is not admitted fails as the package documentation describes, and the
+// handler is not called. It panics if l or key is nil.
+func UnaryServerInterceptor(l *hybrid.Limiter, limit string, key KeyFunc, opts ...Option) grpc.UnaryServerInterceptor {
+	c := newChecker(l, limit, key, opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		trailer, err := c.check(ctx, info.FullMethod)
+		if err != nil {
+			if trailer != nil {
+				// Fails only outside a gRPC server (a test calling the
+				// interceptor directly), where there is no one to tell.
+				_ = grpc.SetTrailer(ctx, trailer)
+			}
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor returns a stream server interceptor that admits
+// each stream against limit of l, keyed by key, when it opens: the stream is
+// one call of the given cost, whatever the number of messages on it. A stream
+// that is not admitted fails as the package documentation describes, and the
+// handler is not called. It panics if l or key is nil.
+func StreamServerInterceptor(l *hybrid.Limiter, limit string, key KeyFunc, opts ...Option) grpc.StreamServerInterceptor {
+	c := newChecker(l, limit, key, opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		trailer, err := c.check(ss.Context(), info.FullMethod)
+		if err != nil {
+			if trailer != nil {
+				ss.SetTrailer(trailer)
+			}
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// checker decides the calls of one interceptor. It is immutable, so safe for
+// concurrent use.
+type checker struct {
+	l     *hybrid.Limiter
+	limit string
+	key   KeyFunc
+	options
+}
+
+func newChecker(l *hybrid.Limiter, limit string, key KeyFunc, opts []Option) *checker {
+	if l == nil {
+		panic("grpclimit: nil *hybrid.Limiter")
+	}
+	if key == nil {
+		panic("grpclimit: nil KeyFunc")
+	}
+	c := &checker{l: l, limit: limit, key: key}
+	for _, o := range opts {
+		o(&c.options)
+	}
+	return c
+}
+
+// check decides one call. It returns nil when the call may go on, or the
+// error to answer with and the trailer to set (nil for none).
+func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, error) {
+	if c.skipped(fullMethod) {
+		return nil, nil
+	}
+	key := c.key(ctx, fullMethod)
+	if key == "" {
+		switch c.emptyKey {
+		case EmptyKeyDeny:
+			return nil, status.Error(codes.Unauthenticated, "grpclimit: no rate-limit key for this call")
+		case EmptyKeySkip:
+			return nil, nil
+		}
+	}
+	n := 1
+	if c.cost != nil {
+		n = c.cost(ctx, fullMethod)
+	}
+	d, err := c.l.AllowN(ctx, c.limit, key, n)
+	return refusal(c.limit, n, d, err)
+}
+
+func (c *checker) skipped(fullMethod string) bool {
+	if c.skip[fullMethod] {
+		return true
+	}
+	for _, s := range c.services {
+		if strings.HasPrefix(fullMethod, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// refusal turns the outcome of a decision of n tokens under limit into the
+// answer to a call: nil for an admission, otherwise the status error and the
+// trailer to set (nil for none).
+func refusal(limit string, n int, d hybrid.Decision, err error) (metadata.MD, error) {
+	switch {
+	case errors.Is(err, hybrid.ErrExceedsBurst):
+		return pushback(hybrid.Never), status.Errorf(codes.ResourceExhausted,
+			"grpclimit: rate limit %q: a call of cost %d exceeds its burst and can never be admitted", limit, n)
+	case errors.Is(err, context.Canceled):
+		return nil, status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, hybrid.ErrUnknownLimit), errors.Is(err, hybrid.ErrInvalidN):
+		return nil, status.Errorf(codes.Internal, "grpclimit: rate limiter misconfigured: %v", err)
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "grpclimit: rate limiter unavailable: %v", err)
+	case d.Allowed:
+		return nil, nil
+	case d.Source == hybrid.SourceFailClosed:
+		return pushback(d.RetryAfter), withRetryInfo(status.Newf(codes.Unavailable,
+			"grpclimit: rate limit %q is unavailable and fails closed", limit), d.RetryAfter).Err()
+	}
+	return pushback(d.RetryAfter), withRetryInfo(status.Newf(codes.ResourceExhausted,
+		"grpclimit: rate limit %q exceeded", limit), d.RetryAfter).Err()
+}
+
+// withRetryInfo adds a RetryInfo detail of wait to st, unless waiting is
+// pointless.
+func withRetryInfo(st *status.Status, wait time.Duration) *status.Status {
+	if wait > longestWait {
+		return st
+	}
+	ds, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(max(0, wait))})
+	if err != nil {
+		// Only if the detail cannot be marshalled: the code says enough.
+		return st
+	}
+	return ds
+}
+
+// pushback is the trailer stating wait in whole milliseconds, rounded up, or
+// -1 (do not retry) when waiting is pointless.
+func pushback(wait time.Duration) metadata.MD {
+	ms := int64(-1)
+	if wait <= longestWait {
+		ms = int64((max(0, wait) + time.Millisecond - 1) / time.Millisecond)
+	}
+	return metadata.Pairs(pushbackTrailer, strconv.FormatInt(ms, 10))
+}

@@ -38,8 +38,10 @@ var (
 	// example because its address could not be bound.
 	ErrStart = errors.New("membership: cannot start node")
 
-	// ErrJoin means none of the seeds could be reached or accepted this node
-	// (wrong address, nothing listening, or a different encryption key).
+	// ErrJoin means no seed answered before Config.JoinTimeout passed or
+	// JoinContext's context ended: none could be resolved, reached or
+	// accepted this node (wrong address, nothing listening yet, or a
+	// different encryption key).
 	ErrJoin = errors.New("membership: cannot join cluster")
 )
 

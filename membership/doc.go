@@ -10,10 +10,19 @@
 // for single-instance use and tests. Memberlist is backed by a
 // github.com/hashicorp/memberlist gossip cluster: Join starts a node, joins the
 // given seeds, and counts the live members, optionally encrypting gossip with
-// a shared key and capping the count at a configured maximum. A member that
-// leaves gracefully (Close) is gone from the others' counts within a gossip
-// round or two; a member that crashes is gone once failure detection declares
-// it dead, which takes seconds with the Local profile and longer with LAN.
+// a shared key and capping the count at a configured maximum.
+//
+// Instances of a deployment start together and in no particular order, so
+// Join keeps trying its seeds, with randomized exponential back-off, for up
+// to Config.JoinTimeout; each instance listens while it retries, so they
+// find each other whatever their order. Seeds may be DNS names, resolved
+// again at every attempt (a Kubernetes headless service lists the current
+// pods).
+//
+// A member that leaves gracefully (Close) is gone from the others' counts
+// within a gossip round or two; a member that crashes is gone once failure
+// detection declares it dead, which takes seconds with the Local profile
+// and longer with LAN.
 //
 // Watchers are called from one goroutine owned by the Counter, never from
 // memberlist's own callbacks, so a slow watcher cannot stall gossip. Changes

@@ -1,8 +1,14 @@
 package membership_test
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"log"
+	"log/slog"
+	"net"
+	"time"
 
 	"github.com/hybridlimit/hybridlimit/membership"
 )
@@ -38,4 +44,58 @@ func ExampleJoin() {
 	fmt.Println(m.Name(), m.Count() == 1, m.Members())
 	// Output:
 	// api-1 true [api-1]
+}
+
+func ExampleJoinContext() {
+	// The first instance of a deployment.
+	first, err := membership.Join(membership.Config{Name: "api-1", BindAddr: "127.0.0.1", Profile: membership.Local})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer first.Close()
+	_, port, _ := net.SplitHostPort(first.Addr())
+
+	// The second finds it through a DNS name, resolved at every attempt;
+	// here a stand-in for DNS answers. Had the first not been listening
+	// yet, JoinContext would have kept trying for up to JoinTimeout.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	second, err := membership.JoinContext(ctx, membership.Config{
+		Name:          "api-2",
+		BindAddr:      "127.0.0.1",
+		Profile:       membership.Local,
+		Seeds:         []string{net.JoinHostPort("api.example", port)},
+		JoinTimeout:   10 * time.Second,
+		RetryInterval: 100 * time.Millisecond,
+		Resolve: func(ctx context.Context, host string) ([]string, error) {
+			return []string{"127.0.0.1"}, nil
+		},
+	})
+	if errors.Is(err, membership.ErrJoin) {
+		log.Fatalf("no seed answered: %v", err)
+	} else if err != nil {
+		log.Fatal(err)
+	}
+	defer second.Close()
+	fmt.Println(second.Count(), second.Members())
+	// Output:
+	// 2 [api-1 api-2]
+}
+
+func ExampleDefaultConfig() {
+	// A production node in Kubernetes: every instance seeds the others
+	// through a headless service (with publishNotReadyAddresses: true, so
+	// that starting instances are listed), resolved again at every attempt.
+	// Join waits up to DefaultJoinTimeout for one of them to answer.
+	cfg := membership.DefaultConfig()
+	cfg.Seeds = []string{"api-members.default.svc.cluster.local"} // port: DefaultPort
+	cfg.SecretKey = bytes.Repeat([]byte{0x2a}, 32)                // from a Secret, in real life
+	cfg.Logger = slog.Default()
+
+	m, err := membership.Join(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	fmt.Println("instances:", m.Count())
 }

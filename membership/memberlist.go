@@ -1,6 +1,8 @@
 package membership
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -91,10 +93,46 @@ type Config struct {
 	// BindAddr:BindPort.
 	Transport memberlist.Transport
 
-	// Seeds are the "host:port" addresses of existing members to join. Empty
-	// means this node starts a new cluster. Join succeeds if at least one
-	// seed can be reached.
+	// Seeds are the addresses of members to join, "host:port", or "host"
+	// for the port this node binds. A host is an IP address or a DNS name;
+	// a name is resolved again at every attempt, and every address it
+	// resolves to is tried, so a name that lists the current instances (a
+	// Kubernetes headless service) finds them as they come and go. Empty
+	// means this node starts a new cluster and never tries to join one.
+	//
+	// Join returns once a seed answers (this node's own address counts, so
+	// the first instance of a deployment whose seeds name every instance
+	// starts the cluster), retrying for up to JoinTimeout.
 	Seeds []string
+
+	// JoinTimeout bounds how long Join keeps trying the seeds while none
+	// answers, so that instances started together find each other whatever
+	// their order: each listens while it retries. Join always makes one
+	// attempt, and one more at the end of JoinTimeout, so a JoinTimeout
+	// shorter than an attempt means a single attempt. Zero means
+	// DefaultJoinTimeout.
+	JoinTimeout time.Duration
+
+	// RetryInterval is the first wait between two attempts to join the
+	// seeds. Each later wait doubles,
+	// up to MaxRetryInterval, and is drawn at random from the upper half
+	// of its bound (between half of it and all of it), so that instances
+	// that fail together do not retry in step. Zero means
+	// DefaultRetryInterval.
+	RetryInterval time.Duration
+
+	// MaxRetryInterval caps the wait between two attempts to join the
+	// seeds. Zero means DefaultMaxRetryInterval, or RetryInterval if that
+	// is longer.
+	MaxRetryInterval time.Duration
+
+	// Resolve returns the addresses of a seed's host name, as
+	// net.Resolver.LookupHost does. It is called for every seed whose host
+	// is not an IP address at every attempt to join, one call at a time,
+	// with a context that ends when Join's does or Close is called. Set it
+	// to use another resolver or a service registry, or in tests. Nil means
+	// net.DefaultResolver.LookupHost.
+	Resolve func(ctx context.Context, host string) (addrs []string, err error)
 
 	// SecretKey, when set, encrypts and authenticates gossip with AES-GCM; it
 	// must be 16, 24 or 32 bytes long (AES-128, -192 or -256), and every
@@ -118,13 +156,17 @@ type Config struct {
 }
 
 // DefaultConfig returns the configuration for a production node: LAN
-// profile, every interface, DefaultPort and DefaultLeaveTimeout. The caller
-// adds Seeds and, usually, SecretKey.
+// profile, every interface, DefaultPort, DefaultLeaveTimeout,
+// DefaultJoinTimeout, DefaultRetryInterval and DefaultMaxRetryInterval.
+// The caller adds Seeds and, usually, SecretKey.
 func DefaultConfig() Config {
 	return Config{
-		BindPort:     DefaultPort,
-		Profile:      LAN,
-		LeaveTimeout: DefaultLeaveTimeout,
+		BindPort:         DefaultPort,
+		Profile:          LAN,
+		LeaveTimeout:     DefaultLeaveTimeout,
+		JoinTimeout:      DefaultJoinTimeout,
+		RetryInterval:    DefaultRetryInterval,
+		MaxRetryInterval: DefaultMaxRetryInterval,
 	}
 }
 
@@ -142,18 +184,44 @@ type Memberlist struct {
 	nt           *notifier
 	count        atomic.Int64
 
+	// Joining the seeds.
+	seeds            []seed
+	resolve          func(ctx context.Context, host string) ([]string, error)
+	retryInterval    time.Duration
+	maxRetryInterval time.Duration
+	changed          chan struct{} // capacity 1; signalled when a member joins or leaves
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
 var _ Counter = (*Memberlist)(nil)
 
-// Join starts a memberlist node configured by cfg and joins the cluster of
-// cfg.Seeds, or starts a new cluster when there are none. It returns an
-// error wrapping ErrInvalidConfig if cfg is unusable, ErrStart if the node
-// cannot be started (for example, the address is in use), or ErrJoin if no
-// seed could be joined, in which case the node has been shut down again.
-func Join(cfg Config) (_ *Memberlist, err error) {
+// Join is shorthand for JoinContext(context.Background(), cfg).
+func Join(cfg Config) (*Memberlist, error) {
+	return JoinContext(context.Background(), cfg)
+}
+
+// JoinContext starts a memberlist node configured by cfg and joins the
+// cluster of cfg.Seeds, or starts a new cluster when there are none.
+//
+// While no seed answers, JoinContext waits and tries again, with the
+// back-off of cfg.RetryInterval and cfg.MaxRetryInterval, resolving seed
+// names afresh each time. The node listens all the while, so instances
+// started together, each seeding the others, find each other whatever
+// their order. JoinContext returns the node once a seed answers or another
+// member joins it. It gives up when cfg.JoinTimeout has passed or ctx
+// ends: it then shuts the node down (it does not keep trying in the
+// background: the caller has no node to close) and returns an error
+// wrapping ErrJoin, and ctx's error if ctx ended, that names the seeds and
+// says why the last attempt failed. A connection to a seed in progress
+// when ctx ends is not interrupted: it ends within memberlist's TCP timeout
+// (10 s with the LAN profile, 1 s with Local).
+//
+// It returns an error wrapping ErrInvalidConfig if cfg is unusable, or
+// ErrStart if the node cannot be started (for example, the address is in
+// use).
+func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	if cfg.Transport != nil {
 		defer func() {
 			if err != nil {
@@ -172,17 +240,24 @@ func Join(cfg Config) (_ *Memberlist, err error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	m := &Memberlist{
-		name:         conf.Name,
-		maxInstances: cfg.MaxInstances,
-		leaveTimeout: cfg.LeaveTimeout,
-		logger:       logger,
+		name:             conf.Name,
+		maxInstances:     cfg.MaxInstances,
+		leaveTimeout:     cmp.Or(cfg.LeaveTimeout, DefaultLeaveTimeout),
+		logger:           logger,
+		resolve:          cfg.Resolve,
+		retryInterval:    cmp.Or(cfg.RetryInterval, DefaultRetryInterval),
+		maxRetryInterval: cfg.MaxRetryInterval,
+		changed:          make(chan struct{}, 1),
 	}
-	if m.leaveTimeout == 0 {
-		m.leaveTimeout = DefaultLeaveTimeout
+	if m.maxRetryInterval == 0 {
+		m.maxRetryInterval = max(DefaultMaxRetryInterval, m.retryInterval)
+	}
+	if m.resolve == nil {
+		m.resolve = net.DefaultResolver.LookupHost
 	}
 	m.count.Store(1)
 	m.nt = newNotifier(m.refresh, m.Count, true)
-	conf.Events = eventDelegate{m.nt}
+	conf.Events = eventDelegate{m}
 
 	ml, err := memberlist.Create(conf)
 	if err != nil {
@@ -193,9 +268,14 @@ func Join(cfg Config) (_ *Memberlist, err error) {
 	m.addr = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
 
 	if len(cfg.Seeds) > 0 {
-		if _, err := ml.Join(cfg.Seeds); err != nil {
+		// memberlist has set conf.BindPort to the port it bound, which is
+		// what it gives seeds without one.
+		if m.seeds, err = parseSeeds(cfg.Seeds, conf.BindPort); err == nil {
+			err = m.join(ctx, cmp.Or(cfg.JoinTimeout, DefaultJoinTimeout))
+		}
+		if err != nil {
 			_ = ml.Shutdown()
-			return nil, fmt.Errorf("%w via %s: %w", ErrJoin, strings.Join(cfg.Seeds, ", "), flatten(err))
+			return nil, err
 		}
 	}
 	m.refresh()
@@ -223,6 +303,15 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	}
 	if cfg.LeaveTimeout < 0 {
 		return nil, fmt.Errorf("%w: negative LeaveTimeout %v", ErrInvalidConfig, cfg.LeaveTimeout)
+	}
+	if cfg.JoinTimeout < 0 || cfg.RetryInterval < 0 || cfg.MaxRetryInterval < 0 {
+		return nil, fmt.Errorf("%w: negative JoinTimeout, RetryInterval or MaxRetryInterval", ErrInvalidConfig)
+	}
+	if cfg.MaxRetryInterval > 0 && cfg.MaxRetryInterval < cfg.RetryInterval {
+		return nil, fmt.Errorf("%w: MaxRetryInterval %v is below RetryInterval %v", ErrInvalidConfig, cfg.MaxRetryInterval, cfg.RetryInterval)
+	}
+	if _, err := parseSeeds(cfg.Seeds, DefaultPort); err != nil {
+		return nil, err
 	}
 	if cfg.BindPort < 0 || cfg.BindPort > 65535 || cfg.AdvertisePort < 0 || cfg.AdvertisePort > 65535 {
 		return nil, fmt.Errorf("%w: port out of range", ErrInvalidConfig)
@@ -350,12 +439,21 @@ func (m *Memberlist) close(leave bool) error {
 }
 
 // eventDelegate turns memberlist's membership events into wake-ups of the
-// notifier goroutine. Its methods never block.
-type eventDelegate struct{ nt *notifier }
+// notifier goroutine and of whatever is joining the seeds. Its methods
+// never block.
+type eventDelegate struct{ m *Memberlist }
 
-func (d eventDelegate) NotifyJoin(*memberlist.Node)   { d.nt.signal() }
-func (d eventDelegate) NotifyLeave(*memberlist.Node)  { d.nt.signal() }
-func (d eventDelegate) NotifyUpdate(*memberlist.Node) { d.nt.signal() }
+func (d eventDelegate) NotifyJoin(*memberlist.Node)   { d.m.membersChanged() }
+func (d eventDelegate) NotifyLeave(*memberlist.Node)  { d.m.membersChanged() }
+func (d eventDelegate) NotifyUpdate(*memberlist.Node) { d.m.nt.signal() }
+
+func (m *Memberlist) membersChanged() {
+	m.nt.signal()
+	select {
+	case m.changed <- struct{}{}:
+	default: // a wake-up is pending; the woken reads the latest state.
+	}
+}
 
 // joinError flattens memberlist's multi-line multierror into one line while
 // keeping the individual errors reachable through errors.Is and errors.As.

@@ -244,14 +244,16 @@ func TestMemberlistEncryption(t *testing.T) {
 			n2 := startNode(t, "n2", withKey(tt.clusterKey), n1.Addr())
 			waitCount(t, 5*time.Second, 2, n1, n2)
 
-			m, err := Join(Config{
+			cfg := Config{
 				Name:      "intruder",
 				BindAddr:  "127.0.0.1",
 				Seeds:     []string{n1.Addr()},
 				SecretKey: tt.joinerKey,
 				Profile:   Local,
 				Logger:    testLogger(t),
-			})
+			}
+			fastRetries(&cfg)
+			m, err := Join(cfg)
 			if !errors.Is(err, ErrJoin) {
 				if m != nil {
 					_ = m.Close()
@@ -286,6 +288,15 @@ func TestJoinInvalidConfig(t *testing.T) {
 		{"negative max", Config{MaxInstances: -1}},
 		{"negative leave timeout", Config{LeaveTimeout: -time.Second}},
 		{"port out of range", Config{BindPort: 70000}},
+		{"negative join timeout", Config{JoinTimeout: -time.Second}},
+		{"negative retry interval", Config{RetryInterval: -time.Second}},
+		{"negative max retry interval", Config{MaxRetryInterval: -time.Second}},
+		{"max retry interval below retry interval", Config{RetryInterval: time.Second, MaxRetryInterval: time.Millisecond}},
+		{"seed port out of range", Config{Seeds: []string{"127.0.0.1:70000"}}},
+		{"seed port zero", Config{Seeds: []string{"members.example:0"}}},
+		{"seed without host", Config{Seeds: []string{":7946"}}},
+		{"seed with empty node name", Config{Seeds: []string{"/10.0.0.1:7946"}}},
+		{"seed port not a number", Config{Seeds: []string{"10.0.0.1:http"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -311,7 +322,9 @@ func TestJoinUnreachableSeed(t *testing.T) {
 	seed := ln.Addr().String()
 	ln.Close()
 
-	m, err := Join(Config{Name: "lonely", BindAddr: "127.0.0.1", Seeds: []string{seed}, Profile: Local, Logger: testLogger(t)})
+	cfg := Config{Name: "lonely", BindAddr: "127.0.0.1", Seeds: []string{seed}, Profile: Local, Logger: testLogger(t)}
+	fastRetries(&cfg)
+	m, err := Join(cfg)
 	if !errors.Is(err, ErrJoin) {
 		if m != nil {
 			_ = m.Close()

@@ -313,7 +313,8 @@ func TestPartitionMembership(t *testing.T) {
 	}
 
 	_, err := membership.Join(membership.Config{Name: "l2", Transport: newTransport(t, nw, "left"),
-		Seeds: []string{r0.Addr()}, Profile: membership.Local, Logger: testLogger(t)})
+		Seeds: []string{r0.Addr()}, Profile: membership.Local, Logger: testLogger(t),
+		JoinTimeout: 200 * time.Millisecond, RetryInterval: 20 * time.Millisecond})
 	if !errors.Is(err, membership.ErrJoin) {
 		t.Fatalf("Join across the split: err = %v, want ErrJoin", err)
 	}

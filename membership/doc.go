@@ -17,7 +17,9 @@
 // to Config.JoinTimeout; each instance listens while it retries, so they
 // find each other whatever their order. Seeds may be DNS names, resolved
 // again at every attempt (a Kubernetes headless service lists the current
-// pods).
+// pods). A node that later finds itself alone, every other member gone or
+// cut off, tries its seeds again in the background until Close, so that a
+// healed partition or restarted instances merge again.
 //
 // A member that leaves gracefully (Close) is gone from the others' counts
 // within a gossip round or two; a member that crashes is gone once failure

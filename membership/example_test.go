@@ -86,7 +86,8 @@ func ExampleDefaultConfig() {
 	// A production node in Kubernetes: every instance seeds the others
 	// through a headless service (with publishNotReadyAddresses: true, so
 	// that starting instances are listed), resolved again at every attempt.
-	// Join waits up to DefaultJoinTimeout for one of them to answer.
+	// Join waits up to DefaultJoinTimeout for one of them to answer; a node
+	// later left alone tries them again in the background.
 	cfg := membership.DefaultConfig()
 	cfg.Seeds = []string{"api-members.default.svc.cluster.local"} // port: DefaultPort
 	cfg.SecretKey = bytes.Repeat([]byte{0x2a}, 32)                // from a Secret, in real life

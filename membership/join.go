@@ -25,7 +25,9 @@ const (
 	DefaultRetryInterval = time.Second
 
 	// DefaultMaxRetryInterval caps the wait between two attempts to join
-	// the seeds when Config.MaxRetryInterval is zero.
+	// the seeds when Config.MaxRetryInterval is zero. A node that has lost
+	// every other member finds them again within about this long after they
+	// can be reached.
 	DefaultMaxRetryInterval = 15 * time.Second
 )
 
@@ -238,4 +240,55 @@ func (m *Memberlist) sleep(ctx context.Context, d time.Duration) bool {
 
 func (m *Memberlist) newBackoff() backoff {
 	return backoff{first: m.retryInterval, most: m.maxRetryInterval}
+}
+
+// rejoinLoop runs from Join to Close on a node that has seeds. Whenever the
+// node is alone (every other member left or was declared dead, or the only
+// seed that answered at Join was itself) it tries the seeds again, with
+// back-off, until another member is back: a healed partition, restarted
+// instances or a seed name that now resolves elsewhere. Membership events
+// wake it; it never runs inside a memberlist callback.
+func (m *Memberlist) rejoinLoop(ctx context.Context) {
+	defer close(m.rejoinDone)
+	for {
+		if m.ml.NumMembers() == 1 {
+			m.rejoin(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.changed:
+		}
+	}
+}
+
+// rejoin retries the seeds while the node is alone and ctx lasts, waiting
+// before each attempt.
+func (m *Memberlist) rejoin(ctx context.Context) {
+	start := time.Now()
+	m.logger.Info("membership: no other member; trying the seeds in the background", "name", m.name)
+	b := m.newBackoff()
+	for attempts := 1; ; attempts++ {
+		wait := b.next(rand.Float64())
+		m.sleep(ctx, wait)
+		if ctx.Err() != nil {
+			return
+		}
+		if m.ml.NumMembers() > 1 {
+			m.logger.Info("membership: another member joined", "name", m.name, "after", time.Since(start), "count", m.ml.NumMembers())
+			return
+		}
+		_, err := m.attempt(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if m.ml.NumMembers() > 1 {
+			m.logger.Info("membership: rejoined through the seeds", "name", m.name, "attempts", attempts, "after", time.Since(start), "count", m.ml.NumMembers())
+			return
+		}
+		if err == nil {
+			err = errors.New("only this node answered")
+		}
+		m.logger.Debug("membership: rejoin attempt failed", "name", m.name, "attempt", attempts, "err", err)
+	}
 }

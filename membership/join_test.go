@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hybridlimit/hybridlimit/internal/gossiptest"
 )
 
 // fastRetries sets back-off timings small enough for tests: a failed join
@@ -62,6 +64,13 @@ func (r *resolver) resolve(_ context.Context, host string) ([]string, error) {
 		r.answers = r.answers[1:]
 	}
 	return a()
+}
+
+// answer sets what the later calls return.
+func (r *resolver) answer(a func() ([]string, error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.answers = []func() ([]string, error){a}
 }
 
 func (r *resolver) count() int {
@@ -327,10 +336,80 @@ func TestJoinItself(t *testing.T) {
 	waitCount(t, 5*time.Second, 2, a, b)
 }
 
-// TestJoinDNS: seeds named by DNS are resolved again at every attempt: the
-// name first resolves to nothing, then to an address where nothing listens,
-// then to a member.
-func TestJoinDNS(t *testing.T) {
+// TestRejoin: a node whose peers all left or died tries its seeds in the
+// background until one is back, then counts it again.
+func TestRejoin(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	for _, tt := range []struct {
+		name  string
+		leave bool
+	}{
+		{"peer left", true},
+		{"peer crashed", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			port := freePort(t)
+			seed := func(c *Config) { c.BindPort = port }
+			n1 := startNode(t, "n1", seed)
+			n2 := startNode(t, "n2", fastRetries, loopback(port))
+			waitCount(t, 5*time.Second, 2, n1, n2)
+
+			if err := n1.close(tt.leave); err != nil {
+				t.Fatal(err)
+			}
+			waitCount(t, 20*time.Second, 1, n2)
+
+			// A new instance at the seed's address, which does not know n2.
+			n3 := startNode(t, "n3", seed)
+			waitCount(t, 10*time.Second, 2, n2, n3)
+		})
+	}
+}
+
+// TestRejoinAfterPartition: a node cut off from every other member by a
+// partition counts 1; once the partition heals, it rejoins through its
+// seed, although memberlist alone would no longer gossip with a node it
+// declared dead long ago.
+func TestRejoinAfterPartition(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	nw := gossiptest.NewNetwork(nil)
+	t.Cleanup(nw.Shutdown)
+	transport := func(group string) func(*Config) {
+		tr, err := nw.Transport(group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func(c *Config) {
+			c.Transport = tr
+			fastRetries(c)
+		}
+	}
+	l := startNode(t, "l", transport("left"))
+	r := startNode(t, "r", transport("right"), l.Addr())
+	waitCount(t, 5*time.Second, 2, l, r)
+
+	nw.Split("left", "right")
+	split := time.Now()
+	waitCount(t, 60*time.Second, 1, l, r)
+	t.Logf("partition detected after %v", time.Since(split))
+	_, dials := nw.Dropped()
+	// r keeps trying its seed across the split: its dials are refused.
+	eventually(t, 5*time.Second, "r tries its seed while alone", func() bool {
+		_, d := nw.Dropped()
+		return d > dials
+	})
+
+	nw.Heal()
+	healed := time.Now()
+	waitCount(t, 10*time.Second, 2, l, r)
+	t.Logf("merged %v after the heal", time.Since(healed))
+}
+
+// TestRejoinDNS: seeds named by DNS are resolved again at every attempt,
+// at Join and in the background: the name first resolves to nothing, then
+// to an address where nothing listens, then to a member; when that member
+// is gone, the name moves to another instance, which the node joins.
+func TestRejoinDNS(t *testing.T) {
 	t.Cleanup(func() { verifyNoLeaks(t) })
 	port := freePort(t)
 	a := startNode(t, "a", func(c *Config) { c.BindPort = port })
@@ -344,5 +423,46 @@ func TestJoinDNS(t *testing.T) {
 	waitCount(t, 5*time.Second, 2, a, b)
 	if n := r.count(); n < 3 {
 		t.Errorf("the seed name was resolved %d times to join, want 3", n)
+	}
+
+	// The instance at 127.0.0.1 goes away and the name now gives another
+	// address: 127.0.0.2, the same port.
+	r.answer(ips("127.0.0.2"))
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, 10*time.Second, 1, b)
+	calls := r.count()
+	c, err := Join(Config{Name: "c", BindAddr: "127.0.0.2", BindPort: port, Profile: Local, Logger: testLogger(t).With("node", "c")})
+	if err != nil {
+		t.Skipf("cannot bind 127.0.0.2 on this system: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	waitCount(t, 10*time.Second, 2, b, c)
+	if r.count() == calls {
+		t.Errorf("b joined c without resolving the seed name again")
+	}
+}
+
+// TestCloseStopsRejoin: Close ends the background attempts at once, even
+// when they are waiting for a long back-off, and leaves no goroutine.
+func TestCloseStopsRejoin(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	port := freePort(t)
+	r := newResolver(ips("127.0.0.1"))
+	m := startNode(t, "n1", func(c *Config) {
+		c.BindPort = port
+		c.Resolve = r.resolve
+		c.RetryInterval = time.Hour
+	}, net.JoinHostPort("self.test", strconv.Itoa(port)))
+	if m.Count() != 1 {
+		t.Fatalf("Count() = %d, want 1", m.Count())
+	}
+	start := time.Now()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Close took %v while the node waited to retry its seeds", took)
 	}
 }

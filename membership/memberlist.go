@@ -102,7 +102,11 @@ type Config struct {
 	//
 	// Join returns once a seed answers (this node's own address counts, so
 	// the first instance of a deployment whose seeds name every instance
-	// starts the cluster), retrying for up to JoinTimeout.
+	// starts the cluster), retrying for up to JoinTimeout. Afterwards,
+	// whenever the node is alone (every other member left or was declared
+	// dead), it tries the seeds again in the background, with the same
+	// back-off, until another member is back or Close is called: a healed
+	// partition or restarted instances merge again.
 	Seeds []string
 
 	// JoinTimeout bounds how long Join keeps trying the seeds while none
@@ -114,7 +118,7 @@ type Config struct {
 	JoinTimeout time.Duration
 
 	// RetryInterval is the first wait between two attempts to join the
-	// seeds. Each later wait doubles,
+	// seeds, at Join and when the node is alone. Each later wait doubles,
 	// up to MaxRetryInterval, and is drawn at random from the upper half
 	// of its bound (between half of it and all of it), so that instances
 	// that fail together do not retry in step. Zero means
@@ -184,12 +188,14 @@ type Memberlist struct {
 	nt           *notifier
 	count        atomic.Int64
 
-	// Joining the seeds.
+	// Joining the seeds, at Join and in the background.
 	seeds            []seed
 	resolve          func(ctx context.Context, host string) ([]string, error)
 	retryInterval    time.Duration
 	maxRetryInterval time.Duration
 	changed          chan struct{} // capacity 1; signalled when a member joins or leaves
+	stopRejoin       context.CancelFunc
+	rejoinDone       chan struct{} // closed when rejoinLoop returns; nil without seeds
 
 	closeOnce sync.Once
 	closeErr  error
@@ -217,6 +223,9 @@ func Join(cfg Config) (*Memberlist, error) {
 // says why the last attempt failed. A connection to a seed in progress
 // when ctx ends is not interrupted: it ends within memberlist's TCP timeout
 // (10 s with the LAN profile, 1 s with Local).
+//
+// Once joined, a node with seeds tries them again in the background
+// whenever it is alone, until Close (see Config.Seeds).
 //
 // It returns an error wrapping ErrInvalidConfig if cfg is unusable, or
 // ErrStart if the node cannot be started (for example, the address is in
@@ -280,6 +289,12 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	}
 	m.refresh()
 	m.nt.start()
+	if len(m.seeds) > 0 {
+		var bg context.Context
+		bg, m.stopRejoin = context.WithCancel(context.Background())
+		m.rejoinDone = make(chan struct{})
+		go m.rejoinLoop(bg)
+	}
 	m.logger.Info("membership: joined", "name", m.name, "addr", m.addr, "count", m.Count(), "seeds", len(cfg.Seeds))
 	return m, nil
 }
@@ -400,9 +415,11 @@ func (m *Memberlist) Members() []string {
 	return names
 }
 
-// Close leaves the cluster gracefully, waiting at most Config.LeaveTimeout
-// for the leave message to reach another member, then shuts the node down
-// and stops the watcher goroutine. A leave that times out is logged, not
+// Close stops trying the seeds in the background (waiting for a
+// connection to a seed in progress, which ends within memberlist's TCP
+// timeout), leaves the cluster gracefully, waiting at most
+// Config.LeaveTimeout for the leave message to reach another member, then
+// shuts the node down and stops the watcher goroutine. A leave that times out is logged, not
 // returned: the node is shut down all the same and the other members notice
 // the departure through failure detection instead. Close is idempotent: later
 // calls return the first call's result. It must not be called from a
@@ -415,6 +432,10 @@ func (m *Memberlist) Close() error {
 // Without leave it simulates a crash, for tests.
 func (m *Memberlist) close(leave bool) error {
 	m.closeOnce.Do(func() {
+		if m.stopRejoin != nil {
+			m.stopRejoin()
+			<-m.rejoinDone
+		}
 		var errs []error
 		if leave {
 			switch err := m.ml.Leave(m.leaveTimeout); {

@@ -29,5 +29,6 @@
 // healed that soon merges within a few push/pull intervals; one healed
 // later never merges by itself, since memberlist does not rejoin dead
 // nodes. A node that joins across the healed split learns its seed's side
-// only.
+// only. (A membership.Memberlist that a split leaves alone, counting only
+// itself, tries its seeds again until one answers, so it does merge.)
 package gossiptest

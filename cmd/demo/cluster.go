@@ -48,6 +48,9 @@ type instanceConfig struct {
 	// Seeds are host:port addresses of members to join. Empty starts a new
 	// cluster.
 	Seeds []string
+	// JoinTimeout is how long to keep trying Seeds while none answers. Zero
+	// means membership.DefaultJoinTimeout.
+	JoinTimeout time.Duration
 	// HTTP is the host:port the HTTP server listens on; port 0 picks a free
 	// one.
 	HTTP string
@@ -97,6 +100,7 @@ func startInstance(cfg instanceConfig) (*instance, error) {
 		BindAddr:     host,
 		BindPort:     port,
 		Seeds:        cfg.Seeds,
+		JoinTimeout:  cfg.JoinTimeout,
 		Profile:      cfg.Profile,
 		Logger:       cfg.Logger,
 		LeaveTimeout: leaveTimeout,

@@ -231,7 +231,7 @@ func TestNodesFormACluster(t *testing.T) {
 func TestNodeCannotJoin(t *testing.T) {
 	var stdout, stderr syncBuffer
 	// A free port with nothing listening: bind one and close it.
-	code := run(t.Context(), []string{"node", "-redis", "127.0.0.1:1", "-join", freeAddr(t)}, &stdout, &stderr)
+	code := run(t.Context(), []string{"node", "-redis", "127.0.0.1:1", "-join", freeAddr(t), "-join-timeout", "100ms"}, &stdout, &stderr)
 	if code != exitError || !strings.Contains(stderr.String(), "cannot join cluster") {
 		t.Errorf("run = %d, stderr %q; want %d and a join error", code, stderr.String(), exitError)
 	}

@@ -148,7 +148,8 @@ const nodeUsage = `usage: demo node -redis ADDR [flags]
 Runs one instance: a memberlist node, a limiter and an HTTP server that
 serves each limit at /<name>?key=K (or header X-Key), /metrics and /healthz.
 Start the first node without -join; start the others with -join set to the
-gossip address the first one prints.
+gossip address the first one prints. Nodes given fixed -gossip ports may
+start in any order: each keeps trying its -join addresses for -join-timeout.
 
 flags:
 `
@@ -162,6 +163,7 @@ func runNodeCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	join := fs.String("join", "", "gossip `ADDR` (host:port) of a running node to join, or several separated by commas; empty starts a new cluster")
 	gossip := fs.String("gossip", "127.0.0.1:0", "`ADDR:PORT` for memberlist gossip (TCP and UDP); port 0 picks a free one")
+	joinTimeout := fs.Duration("join-timeout", membership.DefaultJoinTimeout, "how long to keep trying the -join addresses while none answers")
 	httpAddr := fs.String("http", "127.0.0.1:0", "`ADDR:PORT` of the HTTP server; port 0 picks a free one")
 	redisAddr := fs.String("redis", "", "`ADDR` (host:port) of the Redis every node shares; required (the redis subcommand serves an embedded one)")
 	config := fs.String("config", "", "limits `FILE` (YAML); empty means the built-in api, login and search limits")
@@ -185,13 +187,14 @@ func runNodeCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return code
 	}
 	cfg := instanceConfig{
-		Name:    *name,
-		Gossip:  *gossip,
-		HTTP:    *httpAddr,
-		Redis:   *redisAddr,
-		Limits:  limits,
-		Profile: membership.Local,
-		Logger:  slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Name:        *name,
+		Gossip:      *gossip,
+		HTTP:        *httpAddr,
+		Redis:       *redisAddr,
+		Limits:      limits,
+		Profile:     membership.Local,
+		JoinTimeout: *joinTimeout,
+		Logger:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 	if *lan {
 		cfg.Profile = membership.LAN

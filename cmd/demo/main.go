@@ -30,6 +30,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,15 +41,20 @@ import (
 
 func main() {
 	redis.SetLogger(quietRedis{})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
 	go func() {
 		<-ctx.Done()
-		stop() // a second Ctrl-C kills the process at once
+		stop() // a second Ctrl-C (or SIGTERM) kills the process at once
 	}()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
+
+// stopSignals end the demo, and make a node leave its cluster cleanly: an
+// interrupt (Ctrl-C), and SIGTERM, which is how process managers, Docker and
+// Kubernetes stop a process.
+var stopSignals = []os.Signal{os.Interrupt, syscall.SIGTERM}
 
 // Exit codes of run.
 const (
@@ -150,6 +156,7 @@ serves each limit at /<name>?key=K (or header X-Key), /metrics and /healthz.
 Start the first node without -join; start the others with -join set to the
 gossip address the first one prints. Nodes given fixed -gossip ports may
 start in any order: each keeps trying its -join addresses for -join-timeout.
+Ctrl-C or SIGTERM makes a node leave the cluster cleanly.
 
 flags:
 `

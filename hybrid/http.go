@@ -47,6 +47,12 @@ func (l *Limiter) Quota(limit string) (Quota, error) {
 // denied request gets 429 Too Many Requests with Retry-After in whole
 // seconds. If the limiter cannot decide (it is closed, or limit is unknown)
 // the request gets 503 Service Unavailable and next is not called.
+//
+// A request that the FailClosed policy rejects while Redis is unreachable
+// is an outage, not a rate limit: it gets 503 Service Unavailable with
+// Retry-After: 5 (DefaultOutageRetryAfter), and no RateLimit field, since
+// nothing is known of the quota until Redis answers again. A 429 with
+// Retry-After: 1 would have clients retry every second against the outage.
 func Middleware(l *Limiter, limit string, key func(*http.Request) string) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -61,6 +67,11 @@ func Middleware(l *Limiter, limit string, key func(*http.Request) string) func(h
 				return
 			}
 			setHeaders(w.Header(), limit, q, d)
+			if !d.Allowed && d.Source == SourceFailClosed {
+				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(DefaultOutageRetryAfter, 1), 10))
+				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+				return
+			}
 			if !d.Allowed {
 				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(d.RetryAfter, 1), 10))
 				http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
@@ -70,6 +81,12 @@ func Middleware(l *Limiter, limit string, key func(*http.Request) string) func(h
 		})
 	}
 }
+
+// DefaultOutageRetryAfter is the Retry-After a Middleware gives a request
+// that the FailClosed policy rejects while Redis is unreachable: long enough
+// that clients do not hammer an outage, short enough that they come back
+// soon after it ends.
+const DefaultOutageRetryAfter = 5 * time.Second
 
 // setHeaders writes the RateLimit-Policy and RateLimit fields of one
 // decision. A token bucket of rate r and burst b is advertised as a quota of
@@ -92,6 +109,9 @@ func setHeaders(h http.Header, limit string, q Quota, d Decision) {
 		reset = ceilSeconds(d.RetryAfter, window)
 	case q.Rate > 0 && remaining < int64(q.Burst):
 		reset = ceilSeconds(time.Duration(float64(int64(q.Burst)-remaining)/q.Rate*float64(time.Second)), window)
+	}
+	if d.Source == SourceFailClosed {
+		return
 	}
 	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, remaining, reset))
 }

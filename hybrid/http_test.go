@@ -96,3 +96,39 @@ func TestMiddlewareAdvertisesDegradedQuota(t *testing.T) {
 		t.Errorf("degraded policy %q, want the local quota", got)
 	}
 }
+
+// TestMiddlewareFailClosedIsAnOutage: a request the FailClosed policy
+// rejects while Redis is down is answered 503 with a Retry-After of
+// seconds, not 429 with Retry-After: 1, so that clients do not retry
+// every second against an outage they take for a rate limit.
+func TestMiddlewareFailClosedIsAnOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Limits: []hybrid.Limit{
+		{Name: "login", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+	}})
+	h := hybrid.Middleware(l, "login", byHeader)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	if resp := serve(t, h, "k"); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("Redis up: status %d, want 204", resp.StatusCode)
+	}
+	srv.Kill(t)
+	eventually(t, 5*time.Second, "the limit degrades", func() bool {
+		serve(t, h, "k")
+		st, err := l.Status("login")
+		return err == nil && st.Degraded
+	})
+	resp := serve(t, h, "k")
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("fail-closed: status %d, want 503", resp.StatusCode)
+	}
+	if got, want := resp.Header.Get("Retry-After"), "5"; got != want {
+		t.Errorf("fail-closed: Retry-After %q, want %q", got, want)
+	}
+	if got := resp.Header.Get("RateLimit-Policy"); got != `"login";q=100;w=1` {
+		t.Errorf("fail-closed: RateLimit-Policy %q, want the policy", got)
+	}
+	if got := resp.Header.Values("RateLimit"); len(got) != 0 {
+		t.Errorf("fail-closed: RateLimit %q, want none: nothing is known of the quota", got)
+	}
+}

@@ -3,9 +3,11 @@ package hybrid
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -36,69 +38,276 @@ func (l *Limiter) Quota(limit string) (Quota, error) {
 	return q, nil
 }
 
-// Middleware returns net/http middleware that admits each request against
-// limit, keyed by key(r) (for example the client's API key or address).
-//
-// Every response carries the IETF RateLimit-Policy and RateLimit header
-// fields (draft-ietf-httpapi-ratelimit-headers): the policy names the limit,
-// its quota q and window w in seconds; RateLimit gives the remaining tokens
-// r and the seconds t until the bucket is full again. While the limit is
-// degraded under FailLocal the policy advertises the reduced local quota. A
-// denied request gets 429 Too Many Requests with Retry-After in whole
-// seconds. If the limiter cannot decide (it is closed, or limit is unknown)
-// the request gets 503 Service Unavailable and next is not called.
-//
-// A request that the FailClosed policy rejects while Redis is unreachable
-// is an outage, not a rate limit: it gets 503 Service Unavailable with
-// Retry-After: 5 (DefaultOutageRetryAfter), and no RateLimit field, since
-// nothing is known of the quota until Redis answers again. A 429 with
-// Retry-After: 1 would have clients retry every second against the outage.
-func Middleware(l *Limiter, limit string, key func(*http.Request) string) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			d, err := l.Allow(r.Context(), limit, key(r))
-			if err != nil && !errors.Is(err, ErrExceedsBurst) {
-				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
-				return
-			}
-			q, err := l.Quota(limit)
-			if err != nil {
-				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
-				return
-			}
-			setHeaders(w.Header(), limit, q, d)
-			if !d.Allowed && d.Source == SourceFailClosed {
-				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(DefaultOutageRetryAfter, 1), 10))
-				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
-				return
-			}
-			if !d.Allowed {
-				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(d.RetryAfter, 1), 10))
-				http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
-				return
-			}
-			next.ServeHTTP(w, r)
-		})
-	}
-}
+var (
+	// ErrFailClosed is what a Middleware hands its error handler for a
+	// request that the FailClosed policy rejected because Redis is
+	// unreachable: an outage, which the default error handler answers 503
+	// Service Unavailable, not a rate limit.
+	ErrFailClosed = errors.New("hybrid: rejected by the FailClosed policy while Redis is unreachable")
+	// ErrEmptyKey is what a Middleware with EmptyKeyReject hands its error
+	// handler for a request whose key is empty.
+	ErrEmptyKey = errors.New("hybrid: request has no rate-limit key")
+)
 
 // DefaultOutageRetryAfter is the Retry-After a Middleware gives a request
 // that the FailClosed policy rejects while Redis is unreachable: long enough
 // that clients do not hammer an outage, short enough that they come back
-// soon after it ends.
+// soon after it ends. WithOutageRetryAfter changes it.
 const DefaultOutageRetryAfter = 5 * time.Second
 
-// setHeaders writes the RateLimit-Policy and RateLimit fields of one
-// decision. A token bucket of rate r and burst b is advertised as a quota of
-// max(b, r·w) units per window w = max(1, b/r) seconds.
-func setHeaders(h http.Header, limit string, q Quota, d Decision) {
+// EmptyKey says what a Middleware does with a request whose key function
+// returns the empty string (an API key header the client left out, say).
+type EmptyKey int
+
+const (
+	// EmptyKeyShared, the default, limits every request without a key in
+	// one bucket that all of them share (the key ""). Leaving the key out
+	// never escapes the limit, and never fails a request the limit would
+	// admit: unidentified clients only compete with each other. Pair the
+	// key with a fallback (KeyFirst with ClientIP) to give them a bucket
+	// each.
+	EmptyKeyShared EmptyKey = iota
+	// EmptyKeySkip lets requests without a key through unlimited and
+	// without RateLimit headers. Use it only when the key cannot be left
+	// out by a client: an identity checked by an earlier handler, for
+	// example, where an empty key means an internal call.
+	EmptyKeySkip
+	// EmptyKeyReject hands requests without a key to the error handler
+	// with ErrEmptyKey; the default error handler answers 400 Bad Request.
+	EmptyKeyReject
+)
+
+func (e EmptyKey) String() string {
+	switch e {
+	case EmptyKeyShared:
+		return "shared"
+	case EmptyKeySkip:
+		return "skip"
+	case EmptyKeyReject:
+		return "reject"
+	}
+	return fmt.Sprintf("EmptyKey(%d)", int(e))
+}
+
+// MiddlewareOption configures a Middleware. The options are WithCost,
+// WithSkip, WithDenyHandler, WithErrorHandler, WithOutageRetryAfter and
+// WithEmptyKey.
+type MiddlewareOption func(*middleware)
+
+// WithCost makes each request take cost(r) tokens instead of 1 (the size of
+// an upload, the number of items of a batch). A cost above the limit's
+// burst can never be admitted: the request is denied with RetryAfter Never,
+// so the default deny handler gives it no Retry-After. A cost below 1 is an
+// error (ErrInvalidN) handed to the error handler: use WithSkip to let a
+// request through free. Nil means 1.
+func WithCost(cost func(*http.Request) int) MiddlewareOption {
+	return func(m *middleware) { m.cost = cost }
+}
+
+// WithSkip lets the requests for which skip returns true through without a
+// decision and without RateLimit headers: health checks, metrics scrapes.
+// skip runs before the key function. Nil means no request is skipped.
+func WithSkip(skip func(*http.Request) bool) MiddlewareOption {
+	return func(m *middleware) { m.skip = skip }
+}
+
+// WithDenyHandler makes h answer the requests that the limit denies. When h
+// is called, the RateLimit fields and Retry-After are already set on w's
+// header (see WriteHeaders); h writes the status and the body, and may
+// change the headers. d is the denial. The default answers 429 Too Many
+// Requests with a short text body. Rejections by the FailClosed policy go
+// to the error handler, not to h. Nil means the default.
+func WithDenyHandler(h func(w http.ResponseWriter, r *http.Request, d Decision)) MiddlewareOption {
+	return func(m *middleware) { m.deny = h }
+}
+
+// WithErrorHandler makes h answer the requests the limiter could not
+// decide: err is ErrClosed after Close, ErrUnknownLimit, ErrInvalidN for a
+// cost below 1, the request context's error during a Global decision,
+// ErrFailClosed for a rejection by the FailClosed policy during an outage
+// (Retry-After and the RateLimit-Policy field are then already set), or
+// ErrEmptyKey under EmptyKeyReject; test with errors.Is. The default
+// answers 400 Bad Request for ErrEmptyKey and 503 Service Unavailable for
+// everything else, with a short text body that never carries err (which
+// may name the limit). Nil means the default.
+func WithErrorHandler(h func(w http.ResponseWriter, r *http.Request, err error)) MiddlewareOption {
+	return func(m *middleware) { m.fail = h }
+}
+
+// WithOutageRetryAfter sets the Retry-After of requests that the
+// FailClosed policy rejects while Redis is unreachable, rounded up to whole
+// seconds. Zero or less means no Retry-After. The default is
+// DefaultOutageRetryAfter.
+func WithOutageRetryAfter(d time.Duration) MiddlewareOption {
+	return func(m *middleware) { m.outageRetryAfter = d }
+}
+
+// WithEmptyKey says what happens to requests whose key is empty. The
+// default is EmptyKeyShared.
+func WithEmptyKey(e EmptyKey) MiddlewareOption {
+	return func(m *middleware) { m.emptyKey = e }
+}
+
+// middleware is one Middleware's configuration, fixed once built.
+type middleware struct {
+	l                *Limiter
+	limit            string
+	key              func(*http.Request) string
+	cost             func(*http.Request) int
+	skip             func(*http.Request) bool
+	deny             func(http.ResponseWriter, *http.Request, Decision)
+	fail             func(http.ResponseWriter, *http.Request, error)
+	outageRetryAfter time.Duration
+	emptyKey         EmptyKey
+}
+
+// Middleware returns net/http middleware that admits each request against
+// limit, keyed by key(r): a client's API key, its address behind trusted
+// proxies (ClientIP), a route (KeyRoute), or several of them (KeyFirst,
+// KeyJoin). It panics if l or key is nil.
+//
+// Every decided request gets the IETF RateLimit-Policy and RateLimit
+// header fields (draft-ietf-httpapi-ratelimit-headers), written by
+// WriteHeaders: the policy names the limit, its quota q and window w in
+// seconds; RateLimit gives the remaining tokens r and the seconds t until
+// the bucket is full again. While the limit is degraded under FailLocal the
+// policy advertises the reduced local quota. Both fields are lists: when
+// several Middlewares limit one route, every limit that decided appears as
+// one member of each field, outermost first. They decide in turn, outermost
+// first, so a request that an inner limit denies has taken its tokens from
+// the outer ones.
+//
+// An admitted request goes to next. A denied request gets Retry-After in
+// whole seconds and 429 Too Many Requests (WithDenyHandler changes the
+// answer), and next is not called.
+//
+// A request that the FailClosed policy rejects while Redis is unreachable
+// is an outage, not a rate limit: it gets 503 Service Unavailable with
+// Retry-After: 5 (WithOutageRetryAfter; WithErrorHandler with
+// ErrFailClosed changes the answer), and no RateLimit member, since nothing
+// is known of the quota until Redis answers again. A 429 with Retry-After:
+// 1 would have clients retry every second against the outage.
+//
+// If the limiter cannot decide (it is closed, limit is unknown, the cost is
+// below 1) the request gets 503 Service Unavailable (WithErrorHandler
+// changes the answer) and next is not called.
+//
+// A request whose key is empty is limited with every other such request
+// in one shared bucket, unless WithEmptyKey says otherwise. WithCost sets
+// the tokens a request takes; WithSkip exempts requests such as health
+// checks.
+func Middleware(l *Limiter, limit string, key func(*http.Request) string, opts ...MiddlewareOption) func(http.Handler) http.Handler {
+	if l == nil || key == nil {
+		panic("hybrid: Middleware needs a Limiter and a key function")
+	}
+	m := &middleware{l: l, limit: limit, key: key, outageRetryAfter: DefaultOutageRetryAfter}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.deny == nil {
+		m.deny = denyTooManyRequests
+	}
+	if m.fail == nil {
+		m.fail = failUnavailable
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m.serve(w, r, next)
+		})
+	}
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if m.skip != nil && m.skip(r) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	key := m.key(r)
+	if key == "" {
+		switch m.emptyKey {
+		case EmptyKeySkip:
+			next.ServeHTTP(w, r)
+			return
+		case EmptyKeyReject:
+			m.fail(w, r, fmt.Errorf("%w: limit %q", ErrEmptyKey, m.limit))
+			return
+		}
+	}
+	n := 1
+	if m.cost != nil {
+		n = m.cost(r)
+	}
+	d, err := m.l.AllowN(r.Context(), m.limit, key, n)
+	if err != nil && !errors.Is(err, ErrExceedsBurst) {
+		m.fail(w, r, err)
+		return
+	}
+	q, err := m.l.Quota(m.limit)
+	if err != nil {
+		m.fail(w, r, err)
+		return
+	}
+	WriteHeaders(w.Header(), m.limit, q, d)
+	switch {
+	case d.Allowed:
+		next.ServeHTTP(w, r)
+	case d.Source == SourceFailClosed:
+		if m.outageRetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(m.outageRetryAfter, 1), 10))
+		}
+		m.fail(w, r, fmt.Errorf("%w: limit %q", ErrFailClosed, m.limit))
+	default:
+		m.deny(w, r, d)
+	}
+}
+
+func denyTooManyRequests(w http.ResponseWriter, _ *http.Request, _ Decision) {
+	http.Error(w, "rate limit exceeded", http.StatusTooManyRequests)
+}
+
+func failUnavailable(w http.ResponseWriter, _ *http.Request, err error) {
+	if errors.Is(err, ErrEmptyKey) {
+		http.Error(w, "rate limit key missing", http.StatusBadRequest)
+		return
+	}
+	http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+}
+
+// WriteHeaders writes the IETF RateLimit header fields of decision d of
+// the named limit, whose policy is q (Limiter.Quota), to h. Middleware
+// calls it for every decision; a handler that calls AllowN itself calls it
+// to answer with the same fields.
+//
+// RateLimit-Policy gets the member "limit";q=Q;w=W: a token bucket of rate
+// r and burst b is advertised as a quota Q = max(b, r·W) per window W =
+// max(1, b/r) seconds. RateLimit gets the member "limit";r=R;t=T: R tokens
+// remain (the whole quota for a FailOpen decision) and the bucket is full
+// again in T seconds. A decision of the FailClosed policy gets no RateLimit
+// member: nothing is known of the quota while Redis is unreachable.
+//
+// Both fields are Structured Field Lists (RFC 9651) whose members are the
+// policies that apply. WriteHeaders keeps the members of other limits
+// already in h (an outer Middleware's, or an earlier call's), replaces a
+// member of the same limit, and writes each field as one comma-separated
+// line, which list parsers and clients that read only the first line (Go's
+// Header.Get) both read whole. The limit's name is a Structured Field
+// String: bytes outside printable ASCII are written as %xx.
+//
+// A denial that waiting can end also gets Retry-After in whole seconds (at
+// least 1), or keeps the one already in h if that is longer. A denial that
+// waiting cannot end (RetryAfter Never) and a FailClosed decision get none.
+func WriteHeaders(h http.Header, limit string, q Quota, d Decision) {
 	window := int64(1)
 	if q.Rate > 0 {
 		window = max(1, int64(math.Round(float64(q.Burst)/q.Rate)))
 	}
 	quota := max(int64(q.Burst), int64(math.Ceil(q.Rate*float64(window))))
-	name := strconv.Quote(limit)
-	h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", name, quota, window))
+	name := sfString(limit)
+	mergeMember(h, "RateLimit-Policy", name, fmt.Sprintf("%s;q=%d;w=%d", name, quota, window))
+	if d.Source == SourceFailClosed {
+		mergeMember(h, "RateLimit", name, "")
+		return
+	}
 	remaining := max(0, min(d.Remaining, quota))
 	if d.Source == SourceFailOpen {
 		remaining = quota
@@ -110,10 +319,88 @@ func setHeaders(h http.Header, limit string, q Quota, d Decision) {
 	case q.Rate > 0 && remaining < int64(q.Burst):
 		reset = ceilSeconds(time.Duration(float64(int64(q.Burst)-remaining)/q.Rate*float64(time.Second)), window)
 	}
-	if d.Source == SourceFailClosed {
+	mergeMember(h, "RateLimit", name, fmt.Sprintf("%s;r=%d;t=%d", name, remaining, reset))
+	if !d.Allowed && d.RetryAfter != Never && d.RetryAfter <= longestWait {
+		after := ceilSeconds(d.RetryAfter, 1)
+		if old, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64); err == nil && old > after {
+			return
+		}
+		h.Set("Retry-After", strconv.FormatInt(after, 10))
+	}
+}
+
+// mergeMember sets the member of the list field whose name (a serialized
+// Structured Field String) is name to member, keeping every other member of
+// every line of the field in order, and writes the list as one line. An
+// empty member removes the named one.
+func mergeMember(h http.Header, field, name, member string) {
+	var members []string
+	for _, line := range h.Values(field) {
+		for m := range splitList(line) {
+			if m != "" && !namesMember(m, name) {
+				members = append(members, m)
+			}
+		}
+	}
+	if member != "" {
+		members = append(members, member)
+	}
+	if len(members) == 0 {
+		h.Del(field)
 		return
 	}
-	h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, remaining, reset))
+	h.Set(field, strings.Join(members, ", "))
+}
+
+// namesMember reports whether the list member m names name: it starts with
+// name and then ends or goes on with its parameters.
+func namesMember(m, name string) bool {
+	rest, ok := strings.CutPrefix(m, name)
+	return ok && (rest == "" || rest[0] == ';')
+}
+
+// splitList yields the members of a list field line, split at the commas
+// outside quoted strings, without surrounding spaces.
+func splitList(line string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		start, quoted := 0, false
+		for i := 0; i < len(line); i++ {
+			switch c := line[i]; {
+			case quoted && c == '\\':
+				i++
+			case c == '"':
+				quoted = !quoted
+			case c == ',' && !quoted:
+				if !yield(strings.TrimSpace(line[start:i])) {
+					return
+				}
+				start = i + 1
+			}
+		}
+		yield(strings.TrimSpace(line[start:]))
+	}
+}
+
+// sfString serializes s as a Structured Field String (RFC 9651 section
+// 4.1.6), which holds printable ASCII only: '"' and '\' are escaped, and
+// every other byte outside printable ASCII is written as %xx.
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			fmt.Fprintf(&b, "%%%02x", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // longestWait is the longest wait the headers state; a longer one is as

@@ -1,15 +1,21 @@
 package hybrid_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -226,4 +232,393 @@ func ExampleMiddleware() {
 	// 200 RateLimit-Policy: "api";q=2;w=2 RateLimit: "api";r=1;t=1 Retry-After: ""
 	// 200 RateLimit-Policy: "api";q=2;w=2 RateLimit: "api";r=0;t=2 Retry-After: ""
 	// 429 RateLimit-Policy: "api";q=2;w=2 RateLimit: "api";r=0;t=1 Retry-After: "1"
+}
+
+// Two limits on one route: each appears in the RateLimit fields, outermost
+// first, and the one that denies sets Retry-After.
+func ExampleMiddleware_stacked() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "route", Rate: 10, Burst: 10, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+		{Name: "client", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") })
+	perRoute := hybrid.Middleware(l, "route", func(*http.Request) string { return "search" })
+	perClient := hybrid.Middleware(l, "client", hybrid.KeyHeader("X-Api-Key"))
+	h := perRoute(perClient(hello))
+
+	for range 2 {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/search", nil)
+		req.Header.Set("X-Api-Key", "alice")
+		h.ServeHTTP(rec, req)
+		fmt.Println(rec.Code)
+		fmt.Println("  RateLimit-Policy:", rec.Header().Get("RateLimit-Policy"))
+		fmt.Println("  RateLimit:", rec.Header().Get("RateLimit"))
+	}
+	// Output:
+	// 200
+	//   RateLimit-Policy: "route";q=10;w=1, "client";q=1;w=1
+	//   RateLimit: "route";r=9;t=1, "client";r=0;t=1
+	// 429
+	//   RateLimit-Policy: "route";q=10;w=1, "client";q=1;w=1
+	//   RateLimit: "route";r=8;t=1, "client";r=0;t=1
+}
+
+func ExampleWithCost() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "rows", Rate: 100, Burst: 100, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	// A request for n rows costs n tokens.
+	rows := func(r *http.Request) int {
+		n, err := strconv.Atoi(r.URL.Query().Get("limit"))
+		if err != nil {
+			return 1
+		}
+		return n
+	}
+	h := hybrid.Middleware(l, "rows", hybrid.KeyHeader("X-Api-Key"), hybrid.WithCost(rows))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	// The last request can never be admitted (500 > the burst): no
+	// Retry-After.
+	for _, q := range []string{"?limit=60", "?limit=30", "?limit=30", "", "?limit=500"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/export"+q, nil)
+		req.Header.Set("X-Api-Key", "alice")
+		h.ServeHTTP(rec, req)
+		fmt.Printf("%-11q %d RateLimit: %s Retry-After: %q\n", q, rec.Code, rec.Header().Get("RateLimit"), rec.Header().Get("Retry-After"))
+	}
+	// Output:
+	// "?limit=60" 200 RateLimit: "rows";r=40;t=1 Retry-After: ""
+	// "?limit=30" 200 RateLimit: "rows";r=10;t=1 Retry-After: ""
+	// "?limit=30" 429 RateLimit: "rows";r=10;t=1 Retry-After: "1"
+	// ""          200 RateLimit: "rows";r=9;t=1 Retry-After: ""
+	// "?limit=500" 429 RateLimit: "rows";r=0;t=1 Retry-After: ""
+}
+
+func ExampleWithSkip() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	// The load balancer's health checks are never limited.
+	health := func(r *http.Request) bool { return r.URL.Path == "/healthz" }
+	everyone := func(*http.Request) string { return "all" }
+	h := hybrid.Middleware(l, "api", everyone, hybrid.WithSkip(health))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	for _, path := range []string{"/", "/", "/healthz", "/healthz"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		fmt.Printf("%-8s %d RateLimit: %q\n", path, rec.Code, rec.Header().Get("RateLimit"))
+	}
+	// Output:
+	// /        200 RateLimit: "\"api\";r=0;t=1"
+	// /        429 RateLimit: "\"api\";r=0;t=1"
+	// /healthz 200 RateLimit: ""
+	// /healthz 200 RateLimit: ""
+}
+
+func ExampleWithDenyHandler() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	// A JSON body instead of text. The RateLimit fields and Retry-After
+	// are already set.
+	deny := func(w http.ResponseWriter, r *http.Request, d hybrid.Decision) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprintf(w, `{"error":"rate_limited","retry_after_seconds":%d}`+"\n", int(math.Ceil(d.RetryAfter.Seconds())))
+	}
+	h := hybrid.Middleware(l, "api", hybrid.KeyHeader("X-Api-Key"), hybrid.WithDenyHandler(deny))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	for range 2 {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-Api-Key", "alice")
+		h.ServeHTTP(rec, req)
+		fmt.Printf("%d Retry-After: %q body: %s\n", rec.Code, rec.Header().Get("Retry-After"), cmp.Or(strings.TrimSpace(rec.Body.String()), "-"))
+	}
+	// Output:
+	// 200 Retry-After: "" body: -
+	// 429 Retry-After: "1" body: {"error":"rate_limited","retry_after_seconds":1}
+}
+
+func ExampleWithErrorHandler() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// Log what the limiter could not decide, and answer in JSON.
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{} // a deterministic example
+			}
+			return a
+		},
+	}))
+	onError := func(w http.ResponseWriter, r *http.Request, err error) {
+		logger.Error("rate limiter", "error", err, "outage", errors.Is(err, hybrid.ErrFailClosed))
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, `{"error":"unavailable"}`)
+	}
+	h := hybrid.Middleware(l, "api", hybrid.KeyHeader("X-Api-Key"), hybrid.WithErrorHandler(onError))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+
+	l.Close(context.Background()) // say, during shutdown
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	fmt.Print(rec.Code, " ", rec.Body)
+	// Output:
+	// level=ERROR msg="rate limiter" error="hybrid: limiter closed" outage=false
+	// 503 {"error":"unavailable"}
+}
+
+// While Redis is down, a FailClosed limit rejects every request: an outage,
+// answered 503 with a Retry-After of a few seconds rather than as a rate
+// limit.
+func ExampleWithOutageRetryAfter() {
+	// A Redis that is down: an address where nothing listens.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rdb.Close()
+
+	l, err := hybrid.New(hybrid.Config{Redis: rdb, Limits: []hybrid.Limit{
+		{Name: "login", Rate: 1, Burst: 5, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	for _, h := range []http.Handler{
+		hybrid.Middleware(l, "login", hybrid.KeyHeader("X-User"))(ok),
+		hybrid.Middleware(l, "login", hybrid.KeyHeader("X-User"), hybrid.WithOutageRetryAfter(30*time.Second))(ok),
+	} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/login", nil)
+		req.Header.Set("X-User", "alice")
+		h.ServeHTTP(rec, req)
+		fmt.Printf("%d Retry-After: %s RateLimit-Policy: %s RateLimit: %q\n", rec.Code,
+			rec.Header().Get("Retry-After"), rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"))
+	}
+	// Output:
+	// 503 Retry-After: 5 RateLimit-Policy: "login";q=5;w=5 RateLimit: ""
+	// 503 Retry-After: 30 RateLimit-Policy: "login";q=5;w=5 RateLimit: ""
+}
+
+func ExampleWithEmptyKey() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "api", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	for _, e := range []hybrid.EmptyKey{hybrid.EmptyKeyShared, hybrid.EmptyKeySkip, hybrid.EmptyKeyReject} {
+		h := hybrid.Middleware(l, "api", hybrid.KeyHeader("X-Api-Key"), hybrid.WithEmptyKey(e))(ok)
+		fmt.Print(e, ":")
+		for range 3 {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil)) // no X-Api-Key
+			fmt.Print(" ", rec.Code)
+		}
+		fmt.Println()
+	}
+	// Output:
+	// shared: 200 429 429
+	// skip: 200 200 200
+	// reject: 400 400 400
+}
+
+// A handler that decides itself, here with a cost known only once the
+// request is read, answers with the same header fields as Middleware.
+func ExampleWriteHeaders() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		// KiB uploaded per client: 1 KiB/s, 4 KiB at once.
+		{Name: "upload-kib", Rate: 1, Burst: 4, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	upload := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		kib := max(1, (len(body)+1023)/1024)
+		d, err := l.AllowN(r.Context(), "upload-kib", r.Header.Get("X-Api-Key"), kib)
+		if err != nil && !errors.Is(err, hybrid.ErrExceedsBurst) {
+			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		q, err := l.Quota("upload-kib")
+		if err != nil {
+			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		hybrid.WriteHeaders(w.Header(), "upload-kib", q, d)
+		if !d.Allowed {
+			http.Error(w, "upload quota exceeded", http.StatusTooManyRequests)
+			return
+		}
+		fmt.Fprintln(w, "stored", len(body), "bytes")
+	})
+
+	for range 2 {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPut, "/files/a", strings.NewReader(strings.Repeat("x", 3000)))
+		req.Header.Set("X-Api-Key", "alice")
+		upload.ServeHTTP(rec, req)
+		fmt.Printf("%d RateLimit-Policy: %s RateLimit: %s Retry-After: %q\n", rec.Code,
+			rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"), rec.Header().Get("Retry-After"))
+	}
+	// Output:
+	// 200 RateLimit-Policy: "upload-kib";q=4;w=4 RateLimit: "upload-kib";r=1;t=3 Retry-After: ""
+	// 429 RateLimit-Policy: "upload-kib";q=4;w=4 RateLimit: "upload-kib";r=1;t=2 Retry-After: "2"
+}
+
+func ExampleClientIP() {
+	// The service runs behind load balancers in 10.0.0.0/8 that append the
+	// address of their peer to X-Forwarded-For.
+	clientIP, err := hybrid.ClientIP("X-Forwarded-For", "10.0.0.0/8")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, r := range []struct{ peer, xff string }{
+		{"10.0.0.5:41000", "203.0.113.7"},              // through the load balancer
+		{"10.0.0.5:41000", "1.2.3.4, 203.0.113.7"},     // a client that sent its own X-Forwarded-For
+		{"198.51.100.2:5000", "1.2.3.4"},               // a client that bypassed the load balancer
+		{"10.0.0.5:41000", "2001:db8::7, 10.0.0.9"},    // two load balancers, an IPv6 client
+		{"10.0.0.5:41000", "203.0.113.7, not-an-addr"}, // a proxy wrote garbage: the peer
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.RemoteAddr = r.peer
+		req.Header.Set("X-Forwarded-For", r.xff)
+		fmt.Println(clientIP(req))
+	}
+
+	_, err = hybrid.ClientIP("X-Forwarded-For", "10.0.0.0/88")
+	fmt.Println(err)
+	// Output:
+	// 203.0.113.7
+	// 203.0.113.7
+	// 198.51.100.2
+	// 2001:db8::7
+	// 10.0.0.5
+	// hybrid: invalid config: ClientIP: trusted proxy "10.0.0.0/88" is not an IP address or CIDR prefix
+}
+
+func ExampleKeyHeader() {
+	key := hybrid.KeyHeader("X-Api-Key")
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	fmt.Printf("%q\n", key(req))
+	req.Header.Set("X-Api-Key", "alice")
+	fmt.Printf("%q\n", key(req))
+	// Output:
+	// ""
+	// "alice"
+}
+
+// Each API key has its own bucket; requests without one have a bucket per
+// client address.
+func ExampleKeyFirst() {
+	clientIP, err := hybrid.ClientIP("X-Forwarded-For", "10.0.0.0/8")
+	if err != nil {
+		log.Fatal(err)
+	}
+	key := hybrid.KeyFirst(hybrid.KeyHeader("X-Api-Key"), clientIP)
+
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.RemoteAddr = "203.0.113.7:5000"
+	fmt.Println(key(req))
+	req.Header.Set("X-Api-Key", "alice")
+	fmt.Println(key(req))
+	// Output:
+	// 1:203.0.113.7
+	// 0:alice
+}
+
+// Each client has a bucket on each route.
+func ExampleKeyJoin() {
+	clientIP, err := hybrid.ClientIP("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	key := hybrid.KeyJoin(hybrid.KeyRoute, clientIP)
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /items/{id}", func(w http.ResponseWriter, r *http.Request) { fmt.Println(key(r)) })
+	for _, path := range []string{"/items/1", "/items/2"} {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.RemoteAddr = "203.0.113.7:5000"
+		mux.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	// Output:
+	// GET /items/{id}|203.0.113.7
+	// GET /items/{id}|203.0.113.7
+}
+
+// A limit per route: the Middleware wraps each route's handler inside the
+// mux, where the request knows the pattern that matched.
+func ExampleKeyRoute() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "route", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	perRoute := hybrid.Middleware(l, "route", hybrid.KeyRoute)
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	mux := http.NewServeMux()
+	mux.Handle("GET /items/{id}", perRoute(ok))
+	mux.Handle("GET /users/{id}", perRoute(ok))
+
+	for _, path := range []string{"/items/1", "/items/2", "/users/1"} {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		fmt.Println(path, rec.Code)
+	}
+	// Output:
+	// /items/1 200
+	// /items/2 429
+	// /users/1 200
 }

@@ -177,9 +177,10 @@ type middleware struct {
 // first, so a request that an inner limit denies has taken its tokens from
 // the outer ones.
 //
-// An admitted request goes to next. A denied request gets Retry-After in
-// whole seconds and 429 Too Many Requests (WithDenyHandler changes the
-// answer), and next is not called.
+// An admitted request goes to next. A denied request gets 429 Too Many
+// Requests (WithDenyHandler changes the answer) with Retry-After in whole
+// seconds, unless it can never be admitted (a cost above the burst), and
+// next is not called.
 //
 // A request that the FailClosed policy rejects while Redis is unreachable
 // is an outage, not a rate limit: it gets 503 Service Unavailable with

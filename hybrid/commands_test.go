@@ -1,6 +1,7 @@
 package hybrid_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -77,5 +78,47 @@ func TestCommandsFollowTheRenewalSchedule(t *testing.T) {
 	}
 	if perContended > fast*0.5 {
 		t.Errorf("contended keys whose shares settled renew %.2f times/s: want them backed off below half the contended schedule (%.2f)", perContended, fast)
+	}
+}
+
+// TestCommandsAreCountedPerLimit: Status.RedisCommands counts the commands
+// sent for that limit alone (the demo's summary puts them on each limit's
+// row): lease requests of a Hybrid limit's keys, one script per decision of
+// a Global one, none for a limit without traffic.
+func TestCommandsAreCountedPerLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	inst := cluster(t, srv, 1, nil,
+		hybrid.Limit{Name: "leased", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
+		hybrid.Limit{Name: "idle", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
+		hybrid.Limit{Name: "exact", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailLocal})
+	l := inst[0]
+	ctx := context.Background()
+	allow := func(limit, key string, n int) {
+		for range n {
+			if _, err := l.Allow(ctx, limit, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	counts := func() (leased, idle, exact uint64, served int64) {
+		return mustStatus(t, l, "leased").RedisCommands, mustStatus(t, l, "idle").RedisCommands,
+			mustStatus(t, l, "exact").RedisCommands, scripts(t, srv)
+	}
+	// Each script's first run costs a second command (NOSCRIPT, then EVAL).
+	allow("exact", "k", 1)
+	allow("leased", "k", 1)
+	eventually(t, 2*time.Second, "the first lease", func() bool { return mustStatus(t, l, "leased").LeasedRate > 0 })
+	l0, i0, e0, s0 := counts()
+	allow("exact", "k", 7)
+	allow("leased", "other", 1)
+	// The second key's first lease request, within a tick or two; the
+	// first key's renewal is seconds away.
+	eventually(t, 2*time.Second, "the second key's lease request", func() bool { return mustStatus(t, l, "leased").RedisCommands > l0 })
+	l1, i1, e1, s1 := counts()
+	if i1 != 0 || e1-e0 != 7 || l1-l0 != 1 {
+		t.Errorf("commands counted: leased %d, idle %d, exact %d; want 1, 0 and 7", l1-l0, i1-i0, e1-e0)
+	}
+	if sum := int64(l1 - l0 + e1 - e0); sum != s1-s0 {
+		t.Errorf("the limits counted %d commands in all; Redis served %d scripts", sum, s1-s0)
 	}
 }

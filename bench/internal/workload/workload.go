@@ -65,10 +65,24 @@ type Scenario struct {
 	// ZipfS is the exponent of the keys' Zipf popularity (above 1); 0
 	// spreads arrivals over the keys round-robin.
 	ZipfS float64
-	// Demand is the total arrival rate over all instances, per second.
+	// Demand is the total arrival rate over all instances, per second; in
+	// the shapes drawn at random (Thin, Sprayed, Sticky, Pulse), its
+	// expected mean over the run.
 	Demand float64
-	// Weights is each instance's share of Demand; nil means even.
+	// Weights is each instance's share of Demand (Steady and Shift); nil
+	// means even.
 	Weights []float64
+	// Shape lays Demand out over the instances, the keys and time; the
+	// zero value is Steady. Shapes other than Steady ignore ZipfS.
+	Shape Shape
+	// Period and Spell time the shapes that change over time: in Pulse,
+	// each pulsing instance sends a pulse Spell long, Period apart on
+	// average; in Sticky a key lives at most Period. Zero in the others.
+	Period, Spell time.Duration
+	// ShiftAt and Later are Shift's: from ShiftAt on, each instance's
+	// share of Demand is Later instead of Weights.
+	ShiftAt time.Duration
+	Later   []float64
 	// Warmup is the start of the run that is not measured: leases and
 	// connections settle there. Measure follows it.
 	Warmup, Measure time.Duration
@@ -117,13 +131,27 @@ type Arrival struct {
 }
 
 // Arrivals returns each instance slot's schedule, sorted by At, over
-// [0, End). Each slot receives its share of Demand at fixed intervals (or,
-// with poisson, exponential gaps drawn from seed), slots being offset from
-// one another by a fraction of an interval. Keys are drawn from seed. While
-// a slot is down (between its Leave and its Join), its arrivals go
-// round-robin to the slots that are up, as a load balancer would send them.
-// The same Scenario and seed always give the same schedule.
+// [0, End), laid out as the scenario's Shape says. In the Steady shape each
+// slot receives its share of Demand at fixed intervals (or, with poisson,
+// exponential gaps drawn from seed), slots being offset from one another by
+// a fraction of an interval, and keys are drawn from seed; the other shapes
+// are described at their constants. While a slot is down (between its Leave
+// and its Join), its arrivals go round-robin to the slots that are up, as a
+// load balancer would send them. The same Scenario and seed always give the
+// same schedule.
 func (s Scenario) Arrivals(seed uint64, poisson bool) [][]Arrival {
+	var out [][]Arrival
+	if s.Shape == ShapeSteady {
+		out = s.steady(seed, poisson)
+	} else {
+		out = s.shaped(seed, poisson)
+	}
+	s.redirect(out)
+	return out
+}
+
+// steady returns the schedules of the Steady shape.
+func (s Scenario) steady(seed uint64, poisson bool) [][]Arrival {
 	out := make([][]Arrival, s.Instances)
 	for i := range out {
 		rate := s.Demand * s.weight(i)
@@ -155,17 +183,20 @@ func (s Scenario) Arrivals(seed uint64, poisson bool) [][]Arrival {
 		}
 		out[i] = arr
 	}
-	s.redirect(out)
 	return out
 }
 
 // weight is slot i's share of Demand.
-func (s Scenario) weight(i int) float64 {
-	if s.Weights == nil {
-		return 1 / float64(s.Instances)
+func (s Scenario) weight(i int) float64 { return weightOf(s.Weights, i, s.Instances) }
+
+// weightOf is slot i's share of demand by weights over n slots; nil
+// weights share evenly.
+func weightOf(weights []float64, i, n int) float64 {
+	if weights == nil {
+		return 1 / float64(n)
 	}
-	if i < len(s.Weights) {
-		return s.Weights[i]
+	if i < len(weights) {
+		return weights[i]
 	}
 	return 0
 }
@@ -246,6 +277,27 @@ func Exact(rate float64, burst int, at []time.Duration) []bool {
 	return ok
 }
 
+// PeakWidth is the width of the windows in which Peak counts: one second,
+// whatever the run's timing, so that the most a limit may admit in one,
+// rate·1s + burst, reads as the limit does.
+const PeakWidth = time.Second
+
+// Peak returns the most of the sorted times at that fall in one window
+// [from, from+w), and the earliest such from, which is one of the times.
+// It returns 0 and 0 for no times.
+func Peak(at []time.Duration, w time.Duration) (most int, from time.Duration) {
+	j := 0
+	for i, t := range at {
+		for at[j] <= t-w {
+			j++
+		}
+		if n := i - j + 1; n > most {
+			most, from = n, at[j]
+		}
+	}
+	return most, from
+}
+
 // Reference is what one exact token bucket per key, fed the merged arrivals
 // of all instances, admits.
 type Reference struct {
@@ -259,6 +311,12 @@ type Reference struct {
 	Demand []int
 	// KeyArrivals and KeyAdmitted are Arrivals and Admitted per key index.
 	KeyArrivals, KeyAdmitted []int
+	// Peak is the most the exact bucket admits in any window of
+	// PeakWidth over the whole run, warm-up included, and PeakFrom the
+	// start of the first such window; one-key scenarios only (0
+	// otherwise).
+	Peak     int
+	PeakFrom time.Duration
 }
 
 // Reference computes the reference of the given schedules (from Arrivals).
@@ -275,6 +333,7 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 		KeyArrivals: make([]int, max(s.Keys, 1)), KeyAdmitted: make([]int, max(s.Keys, 1))}
 	for key, at := range perKey {
 		slices.Sort(at)
+		var admitted []time.Duration
 		for i, ok := range Exact(s.Rate, s.Burst, at) {
 			b := min(int(at[i]/s.Bucket), n-1)
 			ref.Demand[b]++
@@ -284,11 +343,17 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 			}
 			if ok {
 				ref.Series[b]++
+				if s.Keys <= 1 {
+					admitted = append(admitted, at[i])
+				}
 				if at[i] >= s.Warmup {
 					ref.Admitted++
 					ref.KeyAdmitted[key]++
 				}
 			}
+		}
+		if s.Keys <= 1 {
+			ref.Peak, ref.PeakFrom = Peak(admitted, PeakWidth)
 		}
 	}
 	return ref
@@ -353,7 +418,17 @@ const (
 	Hotkey   = "hotkey"
 	Outage   = "outage"
 	Churn    = "churn"
+	Thin     = "thin"
+	Sprayed  = "sprayed"
+	Sticky   = "sticky"
+	Pulse    = "pulse"
+	Shift    = "shift"
 )
+
+// stickyKeysPerSecond is how many fresh keys the sticky scenario brings
+// per second, whatever the timing: its keys' lives scale with the timing,
+// the rate at which clients come does not.
+const stickyKeysPerSecond = 16
 
 // Scenarios returns the bench's scenarios with timing t, on four instances:
 //
@@ -364,7 +439,22 @@ const (
 //   - hotkey: one key, limit 1000/s burst 100, demand 10 000/s;
 //   - outage: balanced, with Redis paused, then killed, then back;
 //   - churn: balanced, one instance leaves at a third of the measured time,
-//     a new one joins at two thirds.
+//     a new one joins at two thirds;
+//   - thin: 1600 keys, each limited to 20/s burst 8, every instance within
+//     its share of every key (ShapeThin), about 2600/s in all;
+//   - sprayed: 200 keys, each limited to 8/s burst 5, each wanting 1 to 2
+//     times its limit, every request to an instance drawn at random
+//     (ShapeSprayed), about 2400/s in all;
+//   - sticky: 16 fresh keys per second, each limited to 25/s burst 40, each
+//     on one instance, arriving with 40 requests at once, then wanting 0.25
+//     to 1.5 times its limit for Measure/14 to 3·Measure/7 (0.5 s to 3 s in
+//     a full run) (ShapeSticky), about 1200/s in all;
+//   - pulse: one key, limit 400/s burst 80, instance 0 wanting 800/s, the
+//     others pulses of 800/s for Measure/35 about every 2·Measure/7
+//     (ShapePulse);
+//   - shift: one key, limit 300/s burst 45, demand 450/s, 85% of it on
+//     instance 0 until the middle of the measured time, then 85% on
+//     instance 2 (ShapeShift).
 func Scenarios(t Timing) []Scenario {
 	const n = 4
 	base := Scenario{
@@ -404,5 +494,37 @@ func Scenarios(t Timing) []Scenario {
 		{At: t.Warmup + t.Measure/3, Kind: Leave, Slot: n - 1},
 		{At: t.Warmup + 2*t.Measure/3, Kind: Join, Slot: n - 1},
 	}
-	return []Scenario{balanced, skewed, keys, hot, outage, churn}
+
+	thin := base
+	thin.Name, thin.Shape = Thin, ShapeThin
+	thin.Keys, thin.Rate, thin.Burst = 1600, 20, 8
+	thin.Demand = expectedDemand(thin)
+
+	sprayed := base
+	sprayed.Name, sprayed.Shape = Sprayed, ShapeSprayed
+	sprayed.Keys, sprayed.Rate, sprayed.Burst = 200, 8, 5
+	sprayed.Demand = expectedDemand(sprayed)
+
+	sticky := base
+	sticky.Name, sticky.Shape = Sticky, ShapeSticky
+	sticky.Rate, sticky.Burst = 25, 40
+	sticky.Keys = max(1, int(math.Round(stickyKeysPerSecond*sticky.End().Seconds())))
+	sticky.Period = 3 * t.Measure / 7
+	sticky.Demand = expectedDemand(sticky)
+
+	pulse := base
+	pulse.Name, pulse.Shape = Pulse, ShapePulse
+	pulse.Rate, pulse.Burst = 400, 80
+	pulse.Period = 2 * t.Measure / 7
+	pulse.Spell = pulse.Period / 10
+	pulse.Demand = expectedDemand(pulse)
+
+	shift := base
+	shift.Name, shift.Shape = Shift, ShapeShift
+	shift.Rate, shift.Burst, shift.Demand = 300, 45, 450
+	shift.Weights = []float64{0.85, 0.05, 0.05, 0.05}
+	shift.Later = []float64{0.05, 0.05, 0.85, 0.05}
+	shift.ShiftAt = t.Warmup + t.Measure/2
+
+	return []Scenario{balanced, skewed, keys, hot, outage, churn, thin, sprayed, sticky, pulse, shift}
 }

@@ -366,6 +366,12 @@ func (o *openLoop) summarise(recs []*slotRecord) report.Result {
 		}
 	}
 	res.KeyBands = o.keyBands(s.keyAllowed)
+	if o.sc.Keys <= 1 {
+		slices.Sort(s.admitted)
+		most, from := workload.Peak(s.admitted, workload.PeakWidth)
+		res.MaxWindow = &report.Window{WidthNS: int64(workload.PeakWidth), Admitted: int64(most), FromNS: int64(from),
+			Reference: int64(o.ref.Peak), Bound: o.sc.Rate*workload.PeakWidth.Seconds() + float64(o.sc.Burst)}
+	}
 	res.P50, res.P99 = pct(s.lat, 0.50), pct(s.lat, 0.99)
 	res.P999, res.Max = pct(s.lat, 0.999), pct(s.lat, 1)
 	res.LagP99, res.LagMax = pct(s.lags, 0.99), pct(s.lags, 1)
@@ -404,6 +410,7 @@ type samples struct {
 	lat, lags  []time.Duration
 	down, up   []time.Duration // latencies in and out of the outage window
 	keyAllowed []int64         // by key, in the measured window
+	admitted   []time.Duration // when each admitted decision started, over the whole run; one key only
 }
 
 // tally counts the decisions of recs into res: every admission in the
@@ -425,6 +432,9 @@ func (o *openLoop) tally(res *report.Result, recs []*slotRecord) samples {
 			if r.allowed[i] {
 				b := min(int(started/sc.Bucket), len(res.Series)-1)
 				res.Series[b]++
+				if sc.Keys <= 1 {
+					s.admitted = append(s.admitted, started)
+				}
 			}
 			if a.At < sc.Warmup {
 				continue

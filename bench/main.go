@@ -11,9 +11,11 @@
 //     decision (what a Go user picks today); it fails open on errors.
 //
 // Scenarios (four in-process instances, each with its own Redis client):
-// balanced, skewed, keys, hotkey, outage and churn; see package
-// bench/internal/workload. Arrivals are open-loop; a separate closed-loop
-// run measures the most decisions per second.
+// balanced, skewed, keys, hotkey, outage, churn, thin, sprayed, sticky,
+// pulse and shift; see package bench/internal/workload. Arrivals are
+// open-loop; a separate closed-loop run measures the most decisions per
+// second. On every one-key scenario the report also gives the most each
+// strategy admitted in any 1 s window, against rate·1s + burst.
 //
 // Usage:
 //

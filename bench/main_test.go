@@ -42,6 +42,14 @@ func TestQuickestRun(t *testing.T) {
 			P50              *int64   `json:"p50_ns"`
 			P99              *int64   `json:"p99_ns"`
 			Series           []int    `json:"admitted_series"`
+			Keys             int      `json:"keys"`
+			Rate             float64  `json:"rate_per_key"`
+			Burst            int      `json:"burst_per_key"`
+			MaxWindow        *struct {
+				Admitted  int64   `json:"admitted"`
+				Reference int64   `json:"reference_admitted"`
+				Bound     float64 `json:"bound"`
+			} `json:"max_admitted_1s"`
 		} `json:"scenarios"`
 		Targets []struct {
 			Status string `json:"status"`
@@ -90,6 +98,14 @@ func TestQuickestRun(t *testing.T) {
 		if len(r.Series) == 0 {
 			t.Errorf("%s: no time series", name)
 		}
+		switch w := r.MaxWindow; {
+		case r.Keys == 1 && w == nil:
+			t.Errorf("%s: one key, and no most admitted in a 1 s window", name)
+		case r.Keys == 1 && (w.Bound != r.Rate+float64(r.Burst) || w.Reference <= 0 || w.Reference > int64(w.Bound) || w.Admitted < 0):
+			t.Errorf("%s: most admitted in a 1 s window %+v, with rate %g and burst %d", name, *w, r.Rate, r.Burst)
+		case r.Keys > 1 && w != nil:
+			t.Errorf("%s: %d keys, and a most admitted in a 1 s window", name, r.Keys)
+		}
 		switch r.Strategy {
 		case "local":
 			if *r.RedisCommands != 0 {
@@ -121,7 +137,7 @@ func TestQuickestRun(t *testing.T) {
 	}
 
 	md := stdout.String()
-	for _, want := range []string{"| scenario | strategy | decisions |", "Targets:", "not representative"} {
+	for _, want := range []string{"| scenario | strategy | decisions |", "Targets:", "not representative", "| scenario | rate·1 s + burst |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}

@@ -56,7 +56,7 @@ Absolute numbers vary by machine; the ratios are the point.</p>
 <div class="grid">{{range .Scatter}}{{.}}{{end}}</div>
 
 <h2>Admitted rate over time</h2>
-<p>Admissions per second in {{.BucketMS}} ms buckets, by the time each decision started; the exact reference is dashed.</p>
+<p>Admissions per second in {{.BucketMS}} ms buckets, by the time each decision started; the exact reference is dashed. Pulse and shift are one key whose demand moves between the instances.</p>
 <div class="grid">{{range .Series}}{{.}}{{end}}</div>
 
 <h2>Results</h2>
@@ -64,7 +64,14 @@ Absolute numbers vary by machine; the ratios are the point.</p>
 <tr><th>scenario</th><th>strategy</th><th>decisions</th><th>allowed / reference</th><th>Redis commands</th><th>per 1000 decisions</th><th>decisions/s (closed loop)</th><th>p50</th><th>p99</th></tr>
 {{range .Rows}}<tr><td>{{.Scenario}}</td><td>{{.Strategy}}</td><td>{{.Decisions}}</td><td>{{.Accuracy}}</td><td>{{.Commands}}</td><td>{{.Per1000}}</td><td>{{.DPS}}</td><td>{{.P50}}</td><td>{{.P99}}</td></tr>
 {{end}}</table>
-
+{{if .Windows}}
+<h2>Most admitted in any 1 s window</h2>
+<p>One-key scenarios, over the whole run, by the time each decision started, against the most the limit allows in one window, rate·1 s + burst; ✗ marks more than that.</p>
+<table>
+<tr>{{range .WindowHead}}<th>{{.}}</th>{{end}}</tr>
+{{range .Windows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table>
+{{end}}
 <h2>Targets</h2>
 <ul>{{range .R.Targets}}<li><span class="{{if eq .Status "met"}}met{{else}}notmet{{end}}">{{.Status}}</span> — {{.Name}}: {{.Got}} (want {{.Want}})</li>
 {{end}}</ul>
@@ -83,13 +90,16 @@ type legend struct{ Name, Color string }
 // the page loads nothing from anywhere.
 func (r *Report) WriteHTML(w io.Writer) error {
 	data := struct {
-		R        *Report
-		Legend   []legend
-		Scatter  []template.HTML
-		Series   []template.HTML
-		Rows     []row
-		BucketMS float64
+		R          *Report
+		Legend     []legend
+		Scatter    []template.HTML
+		Series     []template.HTML
+		Rows       []row
+		WindowHead []string
+		Windows    [][]string
+		BucketMS   float64
 	}{R: r}
+	data.WindowHead, data.Windows = r.maxWindows()
 	var scenarios, strategies []string
 	seen := map[string]bool{}
 	for _, res := range r.Scenarios {
@@ -119,7 +129,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		}
 		data.Scatter = append(data.Scatter, scatter(sc, rs, r.Representative))
 	}
-	for _, sc := range []string{"outage", "churn"} {
+	for _, sc := range []string{"outage", "churn", "pulse", "shift"} {
 		var rs []*Result
 		for _, st := range strategies {
 			if res := r.Find(sc, st); res != nil {

@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -12,6 +13,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	r.writeResults(&b)
 	r.writeOutage(&b)
+	r.writeMaxWindows(&b)
 	r.writeKeyBands(&b)
 	r.writeBaselines(&b)
 	fmt.Fprintf(&b, "Hybrid timing: tick %s, contended TTL %s, uncontended TTL %s, Redis timeout %s, idle after %s.\n\n",
@@ -102,6 +104,68 @@ func (r *Report) writeOutage(b *strings.Builder) {
 			ns(res.OutageP50), ns(res.OutageP99))
 	}
 	b.WriteString("\n")
+}
+
+// writeMaxWindows writes, for every one-key scenario, the most each
+// strategy admitted in any 1 s window against the limit's bound over one.
+func (r *Report) writeMaxWindows(b *strings.Builder) {
+	head, rows := r.maxWindows()
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("Most admitted in any 1 s window of the run (one-key scenarios), by the time each decision started, " +
+		"against the most the limit allows in one, rate·1 s + burst; ✗ marks more than that:\n\n")
+	b.WriteString("| " + strings.Join(head, " | ") + " |\n|---|" + strings.Repeat("--:|", len(head)-1) + "\n")
+	for _, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
+	b.WriteString("\n")
+}
+
+// maxWindows returns the head and the rows of the table of the most
+// admitted in any 1 s window: a row per one-key scenario, a column per
+// strategy, in the order of the results.
+func (r *Report) maxWindows() (head []string, rows [][]string) {
+	var scenarios, strategies []string
+	for _, res := range r.Scenarios {
+		if res.MaxWindow == nil {
+			continue
+		}
+		if !slices.Contains(scenarios, res.Scenario) {
+			scenarios = append(scenarios, res.Scenario)
+		}
+		if !slices.Contains(strategies, res.Strategy) {
+			strategies = append(strategies, res.Strategy)
+		}
+	}
+	if len(scenarios) == 0 {
+		return nil, nil
+	}
+	head = append([]string{"scenario", "rate·1 s + burst", "exact reference"}, strategies...)
+	for _, sc := range scenarios {
+		var row []string
+		for _, res := range r.Scenarios {
+			if res.Scenario == sc && res.MaxWindow != nil {
+				row = []string{sc, count(res.MaxWindow.Bound), human(res.MaxWindow.Reference)}
+				break
+			}
+		}
+		for _, st := range strategies {
+			res := r.Find(sc, st)
+			if res == nil || res.MaxWindow == nil {
+				row = append(row, "—")
+				continue
+			}
+			w := res.MaxWindow
+			cell := human(w.Admitted)
+			if w.Over() {
+				cell += " ✗"
+			}
+			row = append(row, cell)
+		}
+		rows = append(rows, row)
+	}
+	return head, rows
 }
 
 // writeKeyBands writes a table of accuracy by key popularity for every

@@ -81,6 +81,9 @@ type Result struct {
 	// DistinctKeys is the number of keys with arrivals in the measured
 	// window.
 	DistinctKeys int `json:"distinct_keys"`
+	// MaxWindow is the most admitted in any 1 s window (one-key
+	// scenarios only; nil otherwise).
+	MaxWindow *Window `json:"max_admitted_1s,omitempty"`
 
 	// The scenario.
 	Rate     float64 `json:"rate_per_key"`
@@ -113,6 +116,25 @@ type KeyBand struct {
 	ReferenceAllowed int64   `json:"reference_allowed"`
 	Accuracy         float64 `json:"accuracy"`
 }
+
+// Window is the most a strategy admitted of one key in any window of
+// WidthNS, over the whole run (warm-up included), by the time each decision
+// started; with the same of the exact reference and the most a limit of the
+// scenario's rate and burst may admit in one window.
+type Window struct {
+	WidthNS int64 `json:"width_ns"`
+	// Admitted is the most admissions in one window, FromNS the start of
+	// the first such window, from the start of the run.
+	Admitted int64 `json:"admitted"`
+	FromNS   int64 `json:"from_ns"`
+	// Reference is the most the exact reference admits in one window.
+	Reference int64 `json:"reference_admitted"`
+	// Bound is rate·width + burst.
+	Bound float64 `json:"bound"`
+}
+
+// Over reports whether w admitted more than its bound.
+func (w Window) Over() bool { return float64(w.Admitted) > w.Bound }
 
 // Event is a scheduled event of the run, for the charts.
 type Event struct {
@@ -239,6 +261,15 @@ func human(n int64) string {
 		return "-" + string(out)
 	}
 	return string(out)
+}
+
+// count formats a number of tokens: a whole one as human does, else with
+// one decimal.
+func count(f float64) string {
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		return human(int64(f))
+	}
+	return fmt.Sprintf("%.1f", f)
 }
 
 // rate formats decisions per second.

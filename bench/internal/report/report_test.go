@@ -23,6 +23,9 @@ func sample() *Report {
 			case Hybrid:
 				res.RedisCommands = 5
 			}
+			if sc != "keys" {
+				res.MaxWindow = &Window{WidthNS: 1e9, Admitted: 1100, Reference: 1100, Bound: 1100}
+			}
 			if sc == "outage" {
 				res.Events = []Event{{AtNS: 4e8, Kind: "pause"}, {AtNS: 5e8, Kind: "kill"}, {AtNS: 7e8, Kind: "restart"}}
 				res.OutageDecisions, res.OutageP99, res.UpP99 = 100, 900, 700
@@ -30,7 +33,8 @@ func sample() *Report {
 			r.Scenarios = append(r.Scenarios, res)
 		}
 	}
-	r.Find("keys", Hybrid).RedisCommands = 500 // 20x: not met
+	r.Find("keys", Hybrid).RedisCommands = 500            // 20x: not met
+	r.Find("outage", RedisRate).MaxWindow.Admitted = 1430 // failing open
 	r.ClosedLoop = []ClosedLoop{
 		{Strategy: Global, Shape: "one key", DecisionsPerSec: 20000},
 		{Strategy: Hybrid, Shape: "one key", DecisionsPerSec: 5e6},
@@ -87,12 +91,24 @@ func TestMarkdownAndHTML(t *testing.T) {
 	}
 	rows := 0
 	for _, line := range strings.Split(md.String(), "\n") {
-		if strings.HasPrefix(line, "| balanced |") || strings.HasPrefix(line, "| keys |") {
+		if strings.HasPrefix(line, "| balanced | ") || strings.HasPrefix(line, "| keys | ") {
 			rows++
 		}
 	}
-	if rows != 8 {
-		t.Errorf("%d rows for balanced and keys, want 8:\n%s", rows, md.String())
+	if rows != 8+1 {
+		t.Errorf("%d rows for balanced and keys, want 8 results and balanced's 1 s window:\n%s", rows, md.String())
+	}
+	for _, want := range []string{
+		"| scenario | rate·1 s + burst | exact reference | local | global | hybrid | redis_rate |",
+		"| balanced | 1 100 | 1 100 | 1 100 | 1 100 | 1 100 | 1 100 |",
+		"| outage | 1 100 | 1 100 | 1 100 | 1 100 | 1 100 | 1 430 ✗ |",
+	} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown lacks the 1 s window row %q:\n%s", want, md.String())
+		}
+	}
+	if strings.Contains(md.String(), "| keys | 1") {
+		t.Error("a 1 s window row for keys, a scenario of many keys")
 	}
 
 	var page bytes.Buffer
@@ -105,6 +121,9 @@ func TestMarkdownAndHTML(t *testing.T) {
 	}
 	if strings.Contains(html, "<server>") {
 		t.Error("text is not escaped")
+	}
+	if !strings.Contains(html, "<td>1 430 ✗</td>") {
+		t.Error("the page lacks the 1 s window table")
 	}
 	if n := strings.Count(html, "<svg"); n != 5+2 {
 		t.Errorf("%d charts, want 5 scatters and 2 time series", n)

@@ -468,12 +468,23 @@ func (o *openLoop) tally(res *report.Result, recs []*slotRecord) samples {
 
 // keyBands splits the measured window by bands of popularity rank (1–10,
 // 11–100, 101–1000, ...), given what was allowed of each key; it returns
-// none for a single key.
+// none for a single key. Keys of Zipf popularity are ranked by it (key
+// index 0 first); the others by their arrivals in the measured window,
+// those without any left out.
 func (o *openLoop) keyBands(keyAllowed []int64) []report.KeyBand {
+	rank := make([]int, len(keyAllowed))
+	for i := range rank {
+		rank[i] = i
+	}
+	if o.sc.ZipfS <= 1 {
+		n := o.ref.KeyArrivals
+		slices.SortStableFunc(rank, func(a, b int) int { return n[b] - n[a] })
+		rank = slices.DeleteFunc(rank, func(k int) bool { return n[k] == 0 })
+	}
 	var bands []report.KeyBand
-	for first, last := 1, 10; len(keyAllowed) > 1 && first <= len(keyAllowed); first, last = last+1, last*10 {
-		band := report.KeyBand{First: first, Last: min(last, len(keyAllowed))}
-		for k := first - 1; k < band.Last; k++ {
+	for first, last := 1, 10; len(keyAllowed) > 1 && first <= len(rank); first, last = last+1, last*10 {
+		band := report.KeyBand{First: first, Last: min(last, len(rank))}
+		for _, k := range rank[first-1 : band.Last] {
 			band.Arrivals += int64(o.ref.KeyArrivals[k])
 			band.ReferenceAllowed += int64(o.ref.KeyAdmitted[k])
 			band.Allowed += keyAllowed[k]

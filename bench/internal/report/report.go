@@ -107,7 +107,8 @@ type Result struct {
 }
 
 // KeyBand is the measured window of the keys of popularity ranks First to
-// Last (1 is the most popular).
+// Last (1 is the most popular: by Zipf rank where keys have one, else by
+// arrivals in the measured window).
 type KeyBand struct {
 	First            int     `json:"first_rank"`
 	Last             int     `json:"last_rank"`

@@ -112,7 +112,7 @@ func (s Scenario) Window() (from, to time.Duration, ok bool) {
 }
 
 // KeyNames returns the names of the scenario's keys; arrivals refer to them
-// by index. Index 0 is the most popular key.
+// by index. With Zipf popularity, index 0 is the most popular key.
 func (s Scenario) KeyNames() []string {
 	n := max(s.Keys, 1)
 	ks := make([]string, n)

@@ -99,7 +99,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 			"with the target checks. By default it starts its own redis-server from PATH.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	fs.BoolVar(&o.quick, "quick", false, "short runs: the whole bench in under a minute on 2 cores")
+	fs.BoolVar(&o.quick, "quick", false, "short runs: the whole bench in about a minute on 2 cores")
 	fs.BoolVar(&o.embedded, "embedded", false, "run against an in-process Redis (miniredis); figures are not representative")
 	fs.StringVar(&o.redis, "redis", "", "`ADDR` of an existing Redis to use instead of starting one (never flushed; the outage scenario is skipped)")
 	fs.StringVar(&o.json, "json", "", "write the results as JSON to `FILE`")

@@ -378,7 +378,7 @@ type Timing struct {
 	Bucket time.Duration
 }
 
-// DefaultTiming is the timing of a full run: under 5 minutes on 2 cores.
+// DefaultTiming is the timing of a full run: about 7 minutes on 2 cores.
 func DefaultTiming() Timing {
 	return Timing{
 		Warmup: time.Second, Measure: 7 * time.Second,
@@ -388,7 +388,7 @@ func DefaultTiming() Timing {
 	}
 }
 
-// QuickTiming is the timing of a quick run: under 60 seconds on 2 cores.
+// QuickTiming is the timing of a quick run: about a minute on 2 cores.
 // The outage keeps Redis away for longer than a contended lease (600ms by
 // default), so that the outage policy shows.
 func QuickTiming() Timing {

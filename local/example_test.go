@@ -113,3 +113,28 @@ func ExampleLimiter_Assign() {
 	// at 2s:    allowed=false remaining=5 assigned=false
 	// at 2s:    allowed=true remaining=0 assigned=false
 }
+
+func ExampleLimiter_SetLimit() {
+	// 100 tokens/s with bursts of 20 on one of 4 instances.
+	l, err := local.New(local.Config{Limit: 100, Burst: 20, Instances: 4})
+	if err != nil {
+		log.Fatal(err)
+	}
+	l.Allow(t0, "user-42")
+	fmt.Println("before:", l.Default())
+
+	// The limit is raised to 400 tokens/s with bursts of 40 while the
+	// process runs: the default share is split anew over the same 4
+	// instances, and keys at the default share move to it at once.
+	if err := l.SetLimit(t0, 400, 40); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("after: ", l.Default(), l.AppendStats(nil)[0].Share)
+
+	// A bad limit is an error and changes nothing.
+	fmt.Println(l.SetLimit(t0, 400, 0))
+	// Output:
+	// before: {25 5}
+	// after:  {100 10} {100 10}
+	// local: invalid config: burst 0 must be at least 1
+}

@@ -96,14 +96,25 @@ type KeyStats struct {
 // Limiter holds the keyed limiters of one limit. It is safe for concurrent
 // use.
 type Limiter struct {
-	limit rate.Limit
-	burst int
-	seed  maphash.Seed
-	mask  uint64
+	seed maphash.Seed
+	mask uint64
 
-	def atomic.Pointer[Share] // the default share; replaced, never mutated
+	// setMu serialises the changes of params together with the walk over
+	// the keys that puts each in force, so that two changes at once cannot
+	// leave a key at the share of the older one.
+	setMu  sync.Mutex
+	params atomic.Pointer[params] // replaced under setMu, never mutated
 
 	shards []shard
+}
+
+// params are the limit's rate and burst, the instance count its default
+// share is split by, and that share.
+type params struct {
+	limit rate.Limit
+	burst int
+	n     int
+	def   Share
 }
 
 type shard struct {
@@ -128,11 +139,8 @@ type entry struct {
 
 // New returns a Limiter for the limit described by cfg.
 func New(cfg Config) (*Limiter, error) {
-	if math.IsNaN(float64(cfg.Limit)) || math.IsInf(float64(cfg.Limit), 0) || cfg.Limit <= 0 || cfg.Limit == rate.Inf {
-		return nil, fmt.Errorf("%w: rate %v must be a positive, finite number of tokens per second", ErrInvalid, float64(cfg.Limit))
-	}
-	if cfg.Burst < 1 {
-		return nil, fmt.Errorf("%w: burst %d must be at least 1", ErrInvalid, cfg.Burst)
+	if err := check(cfg.Limit, cfg.Burst); err != nil {
+		return nil, err
 	}
 	if cfg.Instances < 0 || cfg.Shards < 0 {
 		return nil, fmt.Errorf("%w: instances %d and shards %d must not be negative", ErrInvalid, cfg.Instances, cfg.Shards)
@@ -146,8 +154,6 @@ func New(cfg Config) (*Limiter, error) {
 		size <<= 1
 	}
 	l := &Limiter{
-		limit:  cfg.Limit,
-		burst:  cfg.Burst,
 		seed:   maphash.MakeSeed(),
 		mask:   uint64(size - 1),
 		shards: make([]shard, size),
@@ -155,19 +161,34 @@ func New(cfg Config) (*Limiter, error) {
 	for i := range l.shards {
 		l.shards[i].m = make(map[string]*entry)
 	}
-	def := Split(cfg.Limit, cfg.Burst, cfg.Instances)
-	l.def.Store(&def)
+	inst := max(cfg.Instances, 1)
+	l.params.Store(&params{limit: cfg.Limit, burst: cfg.Burst, n: inst, def: Split(cfg.Limit, cfg.Burst, inst)})
 	return l, nil
 }
 
+// check reports whether limit and burst can describe a limit.
+func check(limit rate.Limit, burst int) error {
+	if math.IsNaN(float64(limit)) || math.IsInf(float64(limit), 0) || limit <= 0 || limit == rate.Inf {
+		return fmt.Errorf("%w: rate %v must be a positive, finite number of tokens per second", ErrInvalid, float64(limit))
+	}
+	if burst < 1 {
+		return fmt.Errorf("%w: burst %d must be at least 1", ErrInvalid, burst)
+	}
+	return nil
+}
+
 // Limit returns the limit's global rate.
-func (l *Limiter) Limit() rate.Limit { return l.limit }
+func (l *Limiter) Limit() rate.Limit { return l.params.Load().limit }
 
 // Burst returns the limit's global burst.
-func (l *Limiter) Burst() int { return l.burst }
+func (l *Limiter) Burst() int { return l.params.Load().burst }
+
+// Instances returns the instance count the default share was last split by
+// (Config.Instances, or the last SetInstances), at least 1.
+func (l *Limiter) Instances() int { return l.params.Load().n }
 
 // Default returns the current default share.
-func (l *Limiter) Default() Share { return *l.def.Load() }
+func (l *Limiter) Default() Share { return l.params.Load().def }
 
 func (l *Limiter) shard(key string) *shard {
 	return &l.shards[maphash.String(l.seed, key)&l.mask]
@@ -334,17 +355,56 @@ func (l *Limiter) with(key string, f func(*entry)) bool {
 // counts as 1) and moves every key that runs at the default share to the new
 // share at once. Keys with an assigned share keep it until it ends.
 func (l *Limiter) SetInstances(t time.Time, n int) {
-	l.SetDefault(t, Split(l.limit, l.burst, n))
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	p := *l.params.Load()
+	p.n = max(n, 1)
+	p.def = Split(p.limit, p.burst, p.n)
+	l.set(t, &p)
+}
+
+// SetLimit changes the limit's global rate and burst at t, as if the
+// Limiter had been created with them: the default share is split anew by
+// the instance count of Config.Instances or the last SetInstances
+// (replacing a share given to SetDefault), and every key that runs at the
+// default share moves to it at once, keeping the tokens it has (up to the
+// new burst). Keys with an assigned share keep it until it ends: the caller
+// assigns shares of the new limit. SetLimit returns an error wrapping
+// ErrInvalid, and changes nothing, if limit is not a positive finite rate
+// or burst is below 1.
+func (l *Limiter) SetLimit(t time.Time, limit rate.Limit, burst int) error {
+	if err := check(limit, burst); err != nil {
+		return err
+	}
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	p := *l.params.Load()
+	p.limit, p.burst = limit, burst
+	p.def = Split(limit, burst, p.n)
+	l.set(t, &p)
+	return nil
 }
 
 // SetDefault sets the default share to s (a burst below 1 runs at 1) and
-// moves every key that runs at the default share to it at once.
+// moves every key that runs at the default share to it at once. The share
+// holds until the next SetDefault, SetInstances or SetLimit.
 func (l *Limiter) SetDefault(t time.Time, s Share) {
 	if s.Burst < 1 {
 		s.Burst = 1
 	}
-	old := l.def.Swap(&s)
-	if *old == s {
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	p := *l.params.Load()
+	p.def = s
+	l.set(t, &p)
+}
+
+// set puts p in force at t: every key at the default share moves to p's.
+// Requires l.setMu held.
+func (l *Limiter) set(t time.Time, p *params) {
+	old := l.params.Swap(p)
+	s := p.def
+	if old.def == s {
 		return
 	}
 	for i := range l.shards {

@@ -188,6 +188,59 @@ func TestSetInstancesResplitsDefaultKeysOnly(t *testing.T) {
 	}
 }
 
+// TestSetLimit changes the rate and burst of a limit split over 2
+// instances: keys at the default share move to the new split at once,
+// keeping their tokens up to the new burst; an assigned key keeps its share
+// until it ends, then falls back to the new default; bad values change
+// nothing.
+func TestSetLimit(t *testing.T) {
+	l := mustNew(t, Config{Limit: 100, Burst: 20, Instances: 2})
+	l.AllowN(t0, "default", 4) // 10 - 4 = 6 tokens left
+	l.Allow(t0, "leased")
+	l.Assign(t0, "leased", Share{80, 16}, t0.Add(time.Second))
+	if err := l.SetLimit(t0, 10, 8); err != nil {
+		t.Fatal(err)
+	}
+	if l.Limit() != 10 || l.Burst() != 8 || l.Instances() != 2 || l.Default() != (Share{5, 4}) {
+		t.Fatalf("after SetLimit(10, 8): limit %v burst %d instances %d default %+v", l.Limit(), l.Burst(), l.Instances(), l.Default())
+	}
+	got := map[string]KeyStats{}
+	for _, s := range l.AppendStats(nil) {
+		got[s.Key] = s
+	}
+	if got["default"].Share != (Share{5, 4}) || got["leased"].Share != (Share{80, 16}) {
+		t.Fatalf("shares after SetLimit: %+v", got)
+	}
+	// 6 tokens, clamped to the new burst of 4.
+	for i, want := range []bool{true, true, true, true, false} {
+		if r := l.Allow(t0, "default"); r.Allowed != want {
+			t.Fatalf("decision %d on the default key at the new burst: %+v, want allowed %v", i, r, want)
+		}
+	}
+	if r := l.Allow(t0.Add(2*time.Second), "leased"); r.Assigned || !r.Allowed {
+		t.Fatalf("leased key after its share ended: %+v, want the new default share", r)
+	}
+	if st := l.AppendStats(nil); len(st) != 2 {
+		t.Fatalf("%d keys", len(st))
+	}
+	for _, bad := range []struct {
+		limit rate.Limit
+		burst int
+	}{{0, 1}, {rate.Inf, 1}, {rate.Limit(math.NaN()), 1}, {1, 0}} {
+		if err := l.SetLimit(t0, bad.limit, bad.burst); !errors.Is(err, ErrInvalid) {
+			t.Errorf("SetLimit(%v, %d) = %v, want ErrInvalid", bad.limit, bad.burst, err)
+		}
+	}
+	if l.Limit() != 10 || l.Burst() != 8 {
+		t.Fatalf("a rejected SetLimit changed the limit to %v burst %d", l.Limit(), l.Burst())
+	}
+	// A share set with SetDefault holds until SetLimit splits anew.
+	l.SetDefault(t0, Share{1, 1})
+	if err := l.SetLimit(t0, 12, 8); err != nil || l.Default() != (Share{6, 4}) {
+		t.Fatalf("SetLimit(12, 8) after SetDefault: %v, default %+v", err, l.Default())
+	}
+}
+
 func TestEvictIdle(t *testing.T) {
 	l := mustNew(t, Config{Limit: 1, Burst: 1})
 	l.Allow(t0, "old")
@@ -265,6 +318,9 @@ func TestConcurrentEvictionAndDecisions(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		l.EvictIdle(time.Now(), 0, nil)
 		l.SetInstances(time.Now(), 1+i%5)
+		if err := l.SetLimit(time.Now(), rate.Limit(1e6+i%3), 10+i%4); err != nil {
+			t.Error(err)
+		}
 		l.AppendStats(nil)
 	}
 	close(stop)

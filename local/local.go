@@ -355,11 +355,16 @@ func (l *Limiter) with(key string, f func(*entry)) bool {
 // counts as 1) and moves every key that runs at the default share to the new
 // share at once. Keys with an assigned share keep it until it ends.
 func (l *Limiter) SetInstances(t time.Time, n int) {
+	n = max(n, 1)
 	l.setMu.Lock()
 	defer l.setMu.Unlock()
-	p := *l.params.Load()
-	p.n = max(n, 1)
-	p.def = Split(p.limit, p.burst, p.n)
+	cur := l.params.Load()
+	def := Split(cur.limit, cur.burst, n)
+	if cur.n == n && cur.def == def {
+		return
+	}
+	p := *cur
+	p.n, p.def = n, def
 	l.set(t, &p)
 }
 

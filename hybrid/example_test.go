@@ -622,3 +622,24 @@ func ExampleKeyRoute() {
 	// /items/2 429
 	// /users/1 200
 }
+
+func ExamplePerMinute() {
+	fmt.Println(hybrid.PerMinute(120), "tokens/s")
+	// Output: 2 tokens/s
+}
+
+func ExamplePerSecond() {
+	fmt.Println(hybrid.PerSecond(10), "tokens/s")
+	// Output: 10 tokens/s
+}
+
+func ExamplePerHour() {
+	fmt.Println(hybrid.PerHour(7200), "tokens/s")
+	// Output: 2 tokens/s
+}
+
+func ExamplePerDay() {
+	// One token a day: a limit of, say, one free export per user and day.
+	fmt.Printf("%.3g tokens/s, one every %v\n", hybrid.PerDay(1), time.Duration(float64(time.Second)/hybrid.PerDay(1)))
+	// Output: 1.16e-05 tokens/s, one every 24h0m0s
+}

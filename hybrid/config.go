@@ -164,15 +164,16 @@ type Limit struct {
 type Config struct {
 	// Redis is the client for Global and Hybrid limits: any
 	// redis.UniversalClient (single node, Sentinel or Cluster) will do. It
-	// may be nil only if every limit is Local. The Limiter does not close
-	// it.
+	// may be nil only if every limit is Local (and stays so). The Limiter
+	// does not close it.
 	Redis global.Rediser
 	// Members reports the live instance count N and this instance's name.
 	// Nil means a single instance (membership.NewStatic with a random
 	// name). If it implements io.Closer, Close closes it (leaving the
 	// cluster).
 	Members membership.Counter
-	// Limits are the limits, with unique names. At least one is required.
+	// Limits are the limits the Limiter starts with, with unique names. At
+	// least one is required. Limiter.SetLimits replaces them while it runs.
 	Limits []Limit
 	// Prefix starts every Redis key. Empty means "hybridlimit".
 	Prefix string
@@ -252,15 +253,21 @@ func (c Config) withDefaults() Config {
 
 // validate reports the first problem with c, which has its defaults filled.
 func (c Config) validate() error {
-	if len(c.Limits) == 0 {
-		return fmt.Errorf("%w: no limits: give at least one Limit", ErrConfig)
-	}
 	if err := c.validateTimings(); err != nil {
 		return err
 	}
-	seen := make(map[string]bool, len(c.Limits))
+	return validateLimits(c.Limits, c.Redis != nil)
+}
+
+// validateLimits reports the first problem with limits, to be run with a
+// Redis client if haveRedis.
+func validateLimits(limits []Limit, haveRedis bool) error {
+	if len(limits) == 0 {
+		return fmt.Errorf("%w: no limits: give at least one Limit", ErrConfig)
+	}
+	seen := make(map[string]bool, len(limits))
 	needRedis := false
-	for i, l := range c.Limits {
+	for i, l := range limits {
 		if err := l.validate(i); err != nil {
 			return err
 		}
@@ -270,7 +277,7 @@ func (c Config) validate() error {
 		seen[l.Name] = true
 		needRedis = needRedis || l.Mode != Local
 	}
-	if needRedis && c.Redis == nil {
+	if needRedis && !haveRedis {
 		return fmt.Errorf("%w: Redis is nil but some limits are Global or Hybrid: give a Redis client, or make every limit Local", ErrConfig)
 	}
 	return nil

@@ -394,6 +394,41 @@ func (e *engine) resettle(now time.Time) {
 	}
 }
 
+// setLimit makes the engine follow a limit of rate and burst: requests ask
+// Redis to split the new rate, and grants carry their part of the new
+// burst.
+func (e *engine) setLimit(rate float64, burst int) {
+	e.rate, e.burst = rate, burst
+}
+
+// renewAll makes every key that holds or asked for a lease ask again at
+// now, as a contended key whose share moved: its limit changed.
+func (e *engine) renewAll(now time.Time) {
+	for _, le := range e.keys {
+		if le.state != stateDefault {
+			le.stable = 0
+			le.renewAt = now
+		}
+	}
+}
+
+// drop appends the release of every lease Redis may hold, moves every key
+// back to its default share at now, unflags the failing ones and forgets
+// them all: the limit stops being Hybrid, and its keys stay.
+func (e *engine) drop(now time.Time, n int, calls []call) []call {
+	for k, le := range e.keys {
+		if le.state != stateDefault {
+			calls = append(calls, e.release(k, n))
+			e.shares.Unassign(now, k)
+		}
+		if le.failed {
+			e.shares.SetFlag(k, false)
+		}
+	}
+	clear(e.keys)
+	return calls
+}
+
 // releaseAll appends the release of every lease Redis may hold and forgets
 // every key.
 func (e *engine) releaseAll(n int, calls []call) []call {

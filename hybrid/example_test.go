@@ -643,3 +643,61 @@ func ExamplePerDay() {
 	fmt.Printf("%.3g tokens/s, one every %v\n", hybrid.PerDay(1), time.Duration(float64(time.Second)/hybrid.PerDay(1)))
 	// Output: 1.16e-05 tokens/s, one every 24h0m0s
 }
+
+func ExampleLimiter_SetLimits() {
+	api := hybrid.Limit{Name: "api", Rate: 100, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen}
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{api}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	var got []bool
+	for range 3 {
+		d, _ := l.Allow(ctx, "api", "user-42")
+		got = append(got, d.Allowed)
+	}
+	fmt.Println(got)
+
+	// Without a restart: a larger burst for api, and a new limit. The
+	// Limiter checks the whole set first; an invalid one changes nothing.
+	api.Burst = 10
+	search := hybrid.Limit{Name: "search", Rate: hybrid.PerMinute(30), Burst: 5, Mode: hybrid.Local, OnOutage: hybrid.FailLocal}
+	if err := l.SetLimits([]hybrid.Limit{api, search}); err != nil {
+		log.Fatal(err)
+	}
+	st, _ := l.Status("api")
+	fmt.Println("api burst", st.Burst, "search rate", l.Limits()[1].Rate)
+
+	// A limit left out is removed: decisions on it are errors from now on.
+	if err := l.SetLimits([]hybrid.Limit{search}); err != nil {
+		log.Fatal(err)
+	}
+	_, err = l.Allow(ctx, "api", "user-42")
+	fmt.Println(errors.Is(err, hybrid.ErrUnknownLimit))
+
+	err = l.SetLimits([]hybrid.Limit{{Name: "login", Rate: 1, Burst: 5, Mode: hybrid.Local}})
+	fmt.Println(errors.Is(err, hybrid.ErrConfig), len(l.Limits()))
+	// Output:
+	// [true true false]
+	// api burst 10 search rate 0.5
+	// true
+	// true 1
+}
+
+func ExampleLimiter_Limits() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "api", Rate: 100, Burst: 20, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
+		{Name: "login", Rate: hybrid.PerMinute(5), Burst: 5, Mode: hybrid.Local, OnOutage: hybrid.FailClosed},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	for _, lim := range l.Limits() {
+		fmt.Printf("%s: %.4g/s burst %d, %s\n", lim.Name, lim.Rate, lim.Burst, lim.OnOutage)
+	}
+	// Output:
+	// api: 100/s burst 20, fail-open
+	// login: 0.08333/s burst 5, fail-closed
+}

@@ -26,7 +26,7 @@ type Quota struct {
 // Quota returns the policy the named limit advertises now. It is cheap
 // enough to call on every request.
 func (l *Limiter) Quota(limit string) (Quota, error) {
-	ls := l.limits[limit]
+	ls := l.lookup(limit)
 	if ls == nil {
 		return Quota{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
 	}

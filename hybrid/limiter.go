@@ -23,14 +23,20 @@ import (
 // Limiter decides requests against a set of named limits. It is safe for
 // concurrent use. Create it with New and release it with Close.
 type Limiter struct {
-	cfg     Config
-	store   store // nil when every limit is Local
+	cfg     Config // Limits: those given to New; the current ones are in set
+	store   store  // nil when every limit is Local
 	members membership.Counter
 	log     *slog.Logger
 	m       *metrics
 
-	limits map[string]*limitState // read-only after New
-	order  []*limitState          // the limits in Config order
+	// set holds the limits. Decisions read it without a lock; SetLimits
+	// replaces it, under setMu, and never mutates one.
+	set   atomic.Pointer[limitSet]
+	setMu sync.Mutex
+
+	// down holds why Redis is taken to be unreachable, nil while it is not:
+	// limits that start to use Redis while it is down start degraded.
+	down atomic.Pointer[outage]
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -38,14 +44,17 @@ type Limiter struct {
 	quit      chan struct{} // closed by Close to stop the loop
 	done      chan struct{} // closed by the loop when it returns
 	health    health        // owned by the loop
+	seen      *limitSet     // owned by the loop: the limits it last put in force
 	resettle  atomic.Bool   // N changed: shares will move, settled leases renew now
 	stopWatch func()
 
 	peakMu  sync.Mutex
 	samples []peerSample // guarded by peakMu: instance counts seen within PeakWindow
 
-	// shareMu serialises re-splits of the default shares, so that a count
-	// change and a degrade at the same moment cannot leave a stale share.
+	// shareMu serialises the changes of the default shares and of the
+	// degraded flags, and the publication of a new set by SetLimits, so
+	// that a count change, a degrade and a change of limits at the same
+	// moment cannot leave a stale share or flag.
 	shareMu sync.Mutex
 }
 
@@ -54,19 +63,36 @@ type peerSample struct {
 	n  int
 }
 
-// limitState is one configured limit.
-type limitState struct {
+// outage is why Redis is taken to be unreachable.
+type outage struct{ cause error }
+
+// limitSet is the Limiter's limits at one moment.
+type limitSet struct {
+	byName map[string]*limitEntry
+	order  []*limitEntry // as given to New or SetLimits
+}
+
+// limitEntry is one limit as it is configured now: its Limit, fixed for the
+// entry's life (SetLimits makes a new entry), and the state that outlives a
+// change of it.
+type limitEntry struct {
 	Limit
+	*limitState
+}
+
+// limitState is what a limit keeps while SetLimits changes its Limit.
+type limitState struct {
 	loc      *local.Limiter // Local and Hybrid decisions; FailLocal for Global
-	degraded atomic.Bool    // Redis unreachable: cold keys and Global decisions follow OnOutage
+	degraded atomic.Bool    // Redis unreachable: cold keys and Global decisions follow OnOutage; written under shareMu
 	m        *limitMetrics
 	count    bool          // count decisions: metrics are registered somewhere
 	commands atomic.Uint64 // Redis commands sent for this limit
 	failing  atomic.Int64  // keys whose last lease request failed
 
-	// Owned by the lease loop goroutine.
-	eng   *engine // the lease policy; nil unless Mode is Hybrid
-	stats []local.KeyStats
+	// Owned by the lease loop goroutine, and by Close once it has stopped.
+	eng     *engine // the lease policy; nil unless applied.Mode is Hybrid
+	applied Limit   // the Limit eng and the loop follow; zero until the loop first sees the limit
+	stats   []local.KeyStats
 }
 
 // New returns a Limiter for cfg and starts its lease loop. It returns an
@@ -104,7 +130,6 @@ func New(cfg Config) (*Limiter, error) {
 		members: cfg.Members,
 		log:     cfg.Logger,
 		m:       m,
-		limits:  make(map[string]*limitState, len(cfg.Limits)),
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -113,23 +138,40 @@ func New(cfg Config) (*Limiter, error) {
 	n := l.members.Count()
 	l.samples = []peerSample{{now, n}}
 	m.peers.Set(float64(n))
+	set := &limitSet{byName: make(map[string]*limitEntry, len(cfg.Limits))}
 	for _, lim := range cfg.Limits {
-		loc, err := local.New(local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: n})
+		e, err := l.newEntry(lim, now)
 		if err != nil {
-			return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
+			return nil, err
 		}
-		ls := &limitState{Limit: lim, loc: loc, m: m.forLimit(lim.Name), count: cfg.Registerer != nil}
-		if lim.Mode == Hybrid {
-			ls.eng = newEngine(lim, l.members.Name(),
-				timings{tick: cfg.Tick, contendedTTL: cfg.ContendedTTL, uncontendedTTL: cfg.UncontendedTTL}, loc)
-		}
-		l.limits[lim.Name] = ls
-		l.order = append(l.order, ls)
+		set.byName[lim.Name] = e
+		set.order = append(set.order, e)
 	}
+	l.set.Store(set)
+	l.seen = set
 	l.stopWatch = l.members.Watch(l.onPeers)
 	go l.loop()
 	return l, nil
 }
+
+// newEntry returns a new limit for lim at now: degraded from the start if
+// it uses Redis and Redis is down.
+func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
+	e := &limitEntry{Limit: lim, limitState: &limitState{m: l.m.forLimit(lim.Name), count: l.cfg.Registerer != nil}}
+	if lim.Mode != Local && l.down.Load() != nil {
+		e.degraded.Store(true)
+		e.m.degraded.Set(1)
+	}
+	loc, err := local.New(local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: l.shareCount(e, now)})
+	if err != nil {
+		return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
+	}
+	e.loc = loc
+	return e, nil
+}
+
+// lookup returns the named limit as configured now, or nil.
+func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().byName[limit] }
 
 // checkCredentials pings Redis once, within RedisTimeout, so that a wrong
 // password, a user without the rights to run scripts, or a server
@@ -172,11 +214,14 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // (ErrClosed), or when ctx ends during a Global decision. When n exceeds the
 // limit's burst it returns a denial with RetryAfter Never together with
 // ErrExceedsBurst, since waiting can never help.
+//
+// A limit changed by SetLimits decides by its new Limit from the moment
+// SetLimits returns; a removed one returns ErrUnknownLimit.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
 	if l.closed.Load() {
 		return Decision{}, ErrClosed
 	}
-	ls := l.limits[limit]
+	ls := l.lookup(limit)
 	if ls == nil {
 		return Decision{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
 	}
@@ -236,14 +281,14 @@ func fromLocal(r local.Result, s Source) Decision {
 	return Decision{Allowed: r.Allowed, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Source: s}
 }
 
-// sent counts n Redis commands sent for ls.
+// sent counts n Redis commands sent for the limit.
 func (ls *limitState) sent(n int) {
 	ls.commands.Add(uint64(n))
 	ls.m.redisCommands.Add(float64(n))
 }
 
 // policy is the decision of ls's FailOpen or FailClosed policy.
-func (l *Limiter) policy(ls *limitState) Decision {
+func (l *Limiter) policy(ls *limitEntry) Decision {
 	if ls.OnOutage == FailOpen {
 		return Decision{Allowed: true, Source: SourceFailOpen}
 	}
@@ -252,7 +297,7 @@ func (l *Limiter) policy(ls *limitState) Decision {
 
 // global decides one request of a Global limit with the Redis token bucket,
 // or with the outage policy while Redis is unreachable.
-func (l *Limiter) global(ctx context.Context, ls *limitState, key string, n int) (Decision, error) {
+func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int) (Decision, error) {
 	if !ls.degraded.Load() {
 		cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 		t, err := l.store.TakeN(cctx, ls.Name, key, ls.Rate, ls.Burst, n)
@@ -291,8 +336,8 @@ func (l *Limiter) Wait(ctx context.Context, limit, key string, n int) error {
 			return err
 		}
 		if d.RetryAfter == Never && d.Source == SourceLocal {
-			ls := l.limits[limit]
-			if ls.Mode == Local || ls.degraded.Load() {
+			ls := l.lookup(limit)
+			if ls != nil && (ls.Mode == Local || ls.degraded.Load()) {
 				return fmt.Errorf("%w: limit %q: n %d exceeds this instance's share of the burst (%d of %d)",
 					ErrExceedsBurst, limit, n, ls.loc.Default().Burst, ls.Burst)
 			}
@@ -348,9 +393,9 @@ type Status struct {
 	RedisCommands uint64
 }
 
-// Status returns a snapshot of the named limit.
+// Status returns a snapshot of the named limit, as configured now.
 func (l *Limiter) Status(limit string) (Status, error) {
-	ls := l.limits[limit]
+	ls := l.lookup(limit)
 	if ls == nil {
 		return Status{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
 	}
@@ -381,7 +426,7 @@ func (l *Limiter) Instances() int { return l.members.Count() }
 // watching membership and, if Members implements io.Closer, closes it
 // (leaving the cluster). Decisions after Close return ErrClosed. Close is
 // idempotent; later calls return the first call's error. ctx bounds the
-// release.
+// release. SetLimits after Close returns ErrClosed.
 func (l *Limiter) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
@@ -411,16 +456,18 @@ func (l *Limiter) onPeers(n int) {
 	l.m.peers.Set(float64(n))
 	l.resettle.Store(true)
 	l.log.Info("hybridlimit: instance count changed", "instances", n)
-	for _, ls := range l.order {
-		l.resplit(ls, now)
+	l.shareMu.Lock()
+	defer l.shareMu.Unlock()
+	for _, ls := range l.set.Load().order {
+		ls.loc.SetInstances(now, l.shareCount(ls, now))
 	}
 }
 
 // resplit sets the default share of ls for the current count and mode.
-func (l *Limiter) resplit(ls *limitState, now time.Time) {
+func (l *Limiter) resplit(ls *limitEntry, now time.Time) {
 	l.shareMu.Lock()
 	defer l.shareMu.Unlock()
-	ls.loc.SetDefault(now, l.localShare(ls, now))
+	ls.loc.SetInstances(now, l.shareCount(ls, now))
 }
 
 // peak returns the largest instance count seen within PeakWindow of now.
@@ -442,15 +489,15 @@ func (l *Limiter) peak(now time.Time) int {
 	return p
 }
 
-// localShare is the share a key without a lease runs at: rate/N normally,
-// rate/peak N while degraded, so that neither a partition nor a crash can
-// inflate anyone's share.
-func (l *Limiter) localShare(ls *limitState, now time.Time) local.Share {
+// shareCount is the instance count the default share of ls is split by:
+// N normally, the largest N seen recently while degraded, so that neither a
+// partition nor a crash can inflate anyone's share.
+func (l *Limiter) shareCount(ls *limitEntry, now time.Time) int {
 	n := l.members.Count()
 	if ls.degraded.Load() {
 		n = max(n, l.peak(now))
 	}
-	return local.Split(rate.Limit(ls.Rate), ls.Burst, n)
+	return n
 }
 
 // redact returns err with every mention of key replaced, for logs: keys
@@ -469,19 +516,27 @@ func redact(err error, key string) error {
 }
 
 // setDegraded switches ls between normal and degraded, logging once per
-// change.
-func (l *Limiter) setDegraded(ls *limitState, on bool, cause error) {
-	if ls.degraded.Swap(on) == on {
+// change. It acts on the limit as configured now: nothing for a limit that
+// SetLimits removed, and a Local limit never degrades.
+func (l *Limiter) setDegraded(ls *limitEntry, on bool, cause error) {
+	if ls.degraded.Load() == on {
 		return
 	}
 	now := time.Now()
-	if on {
-		ls.m.degraded.Set(1)
-		l.log.Warn("hybridlimit: Redis unreachable, limit degraded to its outage policy",
-			"limit", ls.Name, "policy", ls.OnOutage.String(), "error", cause)
-	} else {
-		ls.m.degraded.Set(0)
-		l.log.Info("hybridlimit: Redis reachable again, limit back to normal", "limit", ls.Name)
+	l.shareMu.Lock()
+	cur := l.set.Load().byName[ls.Name]
+	if cur == nil || cur.limitState != ls.limitState || (on && cur.Mode == Local) || cur.degraded.Load() == on {
+		l.shareMu.Unlock()
+		return
 	}
-	l.resplit(ls, now)
+	cur.degraded.Store(on)
+	cur.m.degraded.Set(float64(b2i(on)))
+	cur.loc.SetInstances(now, l.shareCount(cur, now))
+	l.shareMu.Unlock()
+	if on {
+		l.log.Warn("hybridlimit: Redis unreachable, limit degraded to its outage policy",
+			"limit", cur.Name, "policy", cur.OnOutage.String(), "error", cause)
+	} else {
+		l.log.Info("hybridlimit: Redis reachable again, limit back to normal", "limit", cur.Name)
+	}
 }

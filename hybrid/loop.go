@@ -45,7 +45,7 @@ type batch struct {
 }
 
 type ref struct {
-	ls *limitState
+	ls *limitEntry
 	le *lease // nil for a release
 }
 
@@ -79,7 +79,7 @@ func (b *batch) reset() {
 }
 
 // add moves calls, made for ls, into b.
-func (b *batch) add(ls *limitState, calls []call) {
+func (b *batch) add(ls *limitEntry, calls []call) {
 	for i := range calls {
 		b.reqs = append(b.reqs, calls[i].req)
 		b.refs = append(b.refs, ref{ls, calls[i].lease})
@@ -104,40 +104,98 @@ func (l *Limiter) loop() {
 	}
 }
 
-// tick is one round of the loop at now: ask every Hybrid limit's engine what
-// to send, send it, hand back the answers.
+// tick is one round of the loop at now: put changes of the limits in force,
+// ask every Hybrid limit's engine what to send, send it, hand back the
+// answers.
 func (l *Limiter) tick(now time.Time, b *batch) {
 	b.reset()
 	n := l.members.Count()
+	set := l.reconcile(now, n, b)
 	resettle := l.resettle.Swap(false)
 	probe := false
-	for _, ls := range l.order {
-		if ls.OnOutage == FailLocal && ls.degraded.Load() {
+	for _, ls := range set.order {
+		degraded := ls.degraded.Load()
+		if ls.OnOutage == FailLocal && degraded {
 			// The largest recent count may have aged out of PeakWindow.
 			l.resplit(ls, now)
 		}
-		switch ls.Mode {
-		case Hybrid:
+		probe = probe || (degraded && ls.Mode == Global)
+		if ls.Mode == Hybrid {
 			if resettle {
 				ls.eng.resettle(now)
 			}
 			l.evict(now, n, ls, b)
 			l.collect(now, n, ls, b)
-		case Global:
-			probe = probe || ls.degraded.Load()
 		}
 	}
 	switch {
 	case len(b.reqs) > 0:
 		l.renew(now, b)
 	case probe:
-		l.probe()
+		l.probe(set)
 	}
+}
+
+// reconcile puts the limits as configured now in force in the loop's own
+// state, adding to b the releases that takes, and returns them. A limit
+// that SetLimits removed has its leases released and its keys forgotten; a
+// limit that became Hybrid gets an engine, one that stopped being Hybrid
+// loses it (its leases released, its keys back at their default share), and
+// the engine of one whose rate or burst changed takes the new values and
+// renews every lease at now.
+func (l *Limiter) reconcile(now time.Time, n int, b *batch) *limitSet {
+	set := l.set.Load()
+	if set != l.seen {
+		for _, e := range l.seen.order {
+			if cur := set.byName[e.Name]; cur == nil || cur.limitState != e.limitState {
+				l.retire(n, e, b)
+			}
+		}
+		l.seen = set
+	}
+	for _, e := range set.order {
+		if e.applied != e.Limit {
+			l.apply(now, n, e, b)
+		}
+	}
+	return set
+}
+
+// apply puts e's Limit in force in the loop's state of e.
+func (l *Limiter) apply(now time.Time, n int, e *limitEntry, b *batch) {
+	was := e.applied
+	e.applied = e.Limit
+	switch {
+	case e.Mode != Hybrid && e.eng != nil:
+		b.add(e, e.eng.drop(now, n, b.calls[:0]))
+		e.eng = nil
+		e.failing.Store(0)
+		e.m.leasedRate.Set(0)
+		e.m.contendedKeys.Set(0)
+	case e.Mode == Hybrid && e.eng == nil:
+		e.eng = newEngine(e.Limit, l.members.Name(),
+			timings{tick: l.cfg.Tick, contendedTTL: l.cfg.ContendedTTL, uncontendedTTL: l.cfg.UncontendedTTL}, e.loc)
+	case e.Mode == Hybrid && (was.Rate != e.Rate || was.Burst != e.Burst):
+		e.eng.setLimit(e.Rate, e.Burst)
+		e.eng.renewAll(now)
+	}
+}
+
+// retire adds to b the releases of every lease of e, a limit SetLimits
+// removed, and forgets its keys.
+func (l *Limiter) retire(n int, e *limitEntry, b *batch) {
+	if e.eng != nil {
+		b.add(e, e.eng.releaseAll(n, b.calls[:0]))
+		e.eng = nil
+	}
+	e.failing.Store(0)
+	// Every key is idle as seen from this far ahead.
+	e.loc.EvictIdle(time.Now().Add(math.MaxInt64), 0, nil)
 }
 
 // evict forgets the keys of ls idle for IdleAfter, adding to b the releases
 // of their leases.
-func (l *Limiter) evict(now time.Time, n int, ls *limitState, b *batch) {
+func (l *Limiter) evict(now time.Time, n int, ls *limitEntry, b *batch) {
 	b.evicted = ls.loc.EvictIdle(now, l.cfg.IdleAfter, b.evicted[:0])
 	for _, k := range b.evicted {
 		var failing bool
@@ -151,7 +209,7 @@ func (l *Limiter) evict(now time.Time, n int, ls *limitState, b *batch) {
 
 // collect adds to b the lease requests of ls that are due, and updates the
 // limit's gauges.
-func (l *Limiter) collect(now time.Time, n int, ls *limitState, b *batch) {
+func (l *Limiter) collect(now time.Time, n int, ls *limitEntry, b *batch) {
 	ls.stats = ls.loc.AppendStats(ls.stats[:0])
 	var ts tickStats
 	b.calls, ts = ls.eng.collect(now, n, ls.stats, b.calls[:0])
@@ -228,7 +286,7 @@ func (l *Limiter) batchFailed(sent time.Time, b *batch, err error) {
 
 // keyFailed records that the request c of ls got no answer, and logs when
 // the limit's first key starts failing.
-func (l *Limiter) keyFailed(sent time.Time, ls *limitState, c *call, cause error) {
+func (l *Limiter) keyFailed(sent time.Time, ls *limitEntry, c *call, cause error) {
 	if ls.eng.failed(sent, c) && ls.failing.Add(1) == 1 {
 		l.log.Warn("hybridlimit: lease requests failing for some keys; they follow the outage policy once their leases run out",
 			"limit", ls.Name, "policy", ls.OnOutage.String(), "error", cause)
@@ -237,7 +295,7 @@ func (l *Limiter) keyFailed(sent time.Time, ls *limitState, c *call, cause error
 
 // keyRecovered records that a failing key of ls got an answer, and logs
 // when the limit's last failing key recovers.
-func (l *Limiter) keyRecovered(ls *limitState) {
+func (l *Limiter) keyRecovered(ls *limitEntry) {
 	if ls.failing.Add(-1) == 0 {
 		l.log.Info("hybridlimit: lease requests succeed again for every key", "limit", ls.Name)
 	}
@@ -245,7 +303,15 @@ func (l *Limiter) keyRecovered(ls *limitState) {
 
 // setAllDegraded degrades, or restores, every limit that uses Redis.
 func (l *Limiter) setAllDegraded(on bool, cause error) {
-	for _, ls := range l.order {
+	set := l.set.Load()
+	if on {
+		if l.down.Load() == nil {
+			l.down.Store(&outage{cause: cause})
+		}
+	} else if l.down.Load() != nil {
+		l.down.Store(nil)
+	}
+	for _, ls := range set.order {
 		if ls.Mode != Local {
 			l.setDegraded(ls, on, cause)
 		}
@@ -254,12 +320,12 @@ func (l *Limiter) setAllDegraded(on bool, cause error) {
 
 // probe checks whether Redis is back, for Global limits that are degraded
 // and have no lease traffic to tell.
-func (l *Limiter) probe() {
+func (l *Limiter) probe(set *limitSet) {
 	err := l.ping()
 	if err == nil {
 		l.health.ok(time.Now())
 	}
-	for _, ls := range l.order {
+	for _, ls := range set.order {
 		if ls.Mode == Global && ls.degraded.Load() {
 			ls.sent(1)
 			if err != nil {
@@ -283,9 +349,11 @@ func (l *Limiter) ping() error {
 func (l *Limiter) releaseAll(ctx context.Context) error {
 	var b batch
 	n := l.members.Count()
+	// Limits SetLimits removed or changed since the last tick first.
+	set := l.reconcile(time.Now(), n, &b)
 	// Every key is idle as seen from this far ahead.
 	far := time.Now().Add(math.MaxInt64)
-	for _, ls := range l.order {
+	for _, ls := range set.order {
 		if ls.eng != nil {
 			b.add(ls, ls.eng.releaseAll(n, b.calls[:0]))
 		}

@@ -111,3 +111,16 @@ func (m *metrics) forLimit(name string) *limitMetrics {
 	}
 	return lm
 }
+
+// forget deletes the children of the named limit from every collector: the
+// limit was removed, and its gauges must not linger at their last values.
+func (m *metrics) forget(name string) {
+	labels := prometheus.Labels{"limit": name}
+	m.decisions.DeletePartialMatch(labels)
+	for _, v := range []*prometheus.CounterVec{m.redisCommands, m.redisErrors, m.leasesGranted, m.leasesReleased, m.leasesExpired} {
+		v.DeletePartialMatch(labels)
+	}
+	for _, v := range []*prometheus.GaugeVec{m.leasedRate, m.contendedKeys, m.degraded} {
+		v.DeletePartialMatch(labels)
+	}
+}

@@ -102,21 +102,25 @@ type limitState struct {
 // New pings it once, within RedisTimeout, so that refused credentials are an
 // error here, and so is a server TLS certificate the client reports it
 // cannot verify (the error wraps the *tls.CertificateVerificationError); an
-// unreachable Redis is not (its limits start as in an outage). go-redis
-// reports a failed dial only after DialerRetries attempts DialerRetryTimeout
-// apart (5 and 100ms by default, longer than the default RedisTimeout), so
-// with those defaults an unverifiable certificate looks unreachable here;
-// a client with DialerRetries 1 and a DialerRetryTimeout well below
-// RedisTimeout reports it in time.
+// unreachable Redis is not: every limit that uses Redis then starts
+// degraded, following its outage policy (Status.Degraded is true), until
+// Redis answers the lease loop. go-redis reports a failed dial only after
+// DialerRetries attempts DialerRetryTimeout apart (5 and 100ms by default,
+// longer than the default RedisTimeout), so with those defaults an
+// unverifiable certificate looks unreachable here; a client with
+// DialerRetries 1 and a DialerRetryTimeout well below RedisTimeout reports
+// it in time.
 func New(cfg Config) (*Limiter, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	var st store
+	var unreachable error
 	if cfg.Redis != nil {
 		st = global.New(cfg.Redis, cfg.Prefix)
-		if err := checkCredentials(cfg, st); err != nil {
+		var err error
+		if unreachable, err = checkCredentials(cfg, st); err != nil {
 			return nil, err
 		}
 	}
@@ -138,6 +142,9 @@ func New(cfg Config) (*Limiter, error) {
 	n := l.members.Count()
 	l.samples = []peerSample{{now, n}}
 	m.peers.Set(float64(n))
+	if unreachable != nil {
+		l.down.Store(&outage{cause: unreachable})
+	}
 	set := &limitSet{byName: make(map[string]*limitEntry, len(cfg.Limits))}
 	for _, lim := range cfg.Limits {
 		e, err := l.newEntry(lim, now)
@@ -146,6 +153,10 @@ func New(cfg Config) (*Limiter, error) {
 		}
 		set.byName[lim.Name] = e
 		set.order = append(set.order, e)
+		if e.degraded.Load() {
+			l.log.Warn("hybridlimit: Redis not reachable at start, limit degraded to its outage policy until it answers",
+				"limit", e.Name, "policy", e.OnOutage.String(), "error", unreachable)
+		}
 	}
 	l.set.Store(set)
 	l.seen = set
@@ -177,26 +188,26 @@ func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().byName[
 // password, a user without the rights to run scripts, or a server
 // certificate that fails the client's TLS verification (unknown CA, wrong
 // name, expired) is a clear error at New: they are configuration, which
-// waiting does not fix. An unreachable Redis is not an error: the limits
-// start as they would during an outage and recover when it answers.
-func checkCredentials(cfg Config, st store) error {
+// waiting does not fix. An unreachable Redis is not an error: checkCredentials
+// returns why it is unreachable, and the limits start degraded, as during
+// an outage, and recover when it answers.
+func checkCredentials(cfg Config, st store) (unreachable, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.RedisTimeout)
 	defer cancel()
-	err := st.Ping(ctx)
+	err = st.Ping(ctx)
 	if err == nil {
-		return nil
+		return nil, nil
 	}
 	for _, refusal := range []string{"WRONGPASS", "NOAUTH", "NOPERM"} {
 		if strings.Contains(err.Error(), refusal) {
-			return fmt.Errorf("%w: Redis refused this client: %v: check the Username and Password of the Redis client, and that its ACL user may run PING, EVAL and EVALSHA", ErrConfig, err)
+			return nil, fmt.Errorf("%w: Redis refused this client: %v: check the Username and Password of the Redis client, and that its ACL user may run PING, EVAL and EVALSHA", ErrConfig, err)
 		}
 	}
 	var badCert *tls.CertificateVerificationError
 	if errors.As(err, &badCert) {
-		return fmt.Errorf("%w: the Redis client cannot verify the server's TLS certificate: %w: check the RootCAs and ServerName of the client's TLSConfig", ErrConfig, err)
+		return nil, fmt.Errorf("%w: the Redis client cannot verify the server's TLS certificate: %w: check the RootCAs and ServerName of the client's TLSConfig", ErrConfig, err)
 	}
-	cfg.Logger.Warn("hybridlimit: Redis not reachable at start; limits follow their outage policy until it is", "error", err)
-	return nil
+	return err, nil
 }
 
 // Allow is shorthand for AllowN(ctx, limit, key, 1).

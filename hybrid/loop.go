@@ -119,7 +119,10 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 			// The largest recent count may have aged out of PeakWindow.
 			l.resplit(ls, now)
 		}
-		probe = probe || (degraded && ls.Mode == Global)
+		// A degraded limit recovers when Redis answers: a renewal, or a
+		// probe when there is none (a Global limit, or a Hybrid one whose
+		// keys ask for nothing, for example one degraded since New).
+		probe = probe || (degraded && ls.Mode != Local)
 		if ls.Mode == Hybrid {
 			if resettle {
 				ls.eng.resettle(now)
@@ -318,22 +321,21 @@ func (l *Limiter) setAllDegraded(on bool, cause error) {
 	}
 }
 
-// probe checks whether Redis is back, for Global limits that are degraded
-// and have no lease traffic to tell.
+// probe checks whether Redis is back, for degraded limits that have no
+// lease traffic to tell.
 func (l *Limiter) probe(set *limitSet) {
 	err := l.ping()
-	if err == nil {
-		l.health.ok(time.Now())
-	}
 	for _, ls := range set.order {
-		if ls.Mode == Global && ls.degraded.Load() {
+		if ls.Mode != Local && ls.degraded.Load() {
 			ls.sent(1)
 			if err != nil {
 				ls.m.redisErrors.Inc()
-			} else {
-				l.setDegraded(ls, false, nil)
 			}
 		}
+	}
+	if err == nil {
+		l.health.ok(time.Now())
+		l.setAllDegraded(false, nil)
 	}
 }
 

@@ -165,7 +165,12 @@ type Config struct {
 	// Redis is the client for Global and Hybrid limits: any
 	// redis.UniversalClient (single node, Sentinel or Cluster) will do. It
 	// may be nil only if every limit is Local (and stays so). The Limiter
-	// does not close it.
+	// does not close it. When a call ends at its deadline and the Limiter
+	// logs an outage, it dials the client's address once more with the
+	// client's own dialer (for a *redis.Client, Sentinel's included, and a
+	// *redis.ClusterClient) so that the log line names the cause the
+	// deadline hid: connection refused, no such host, a certificate the
+	// client rejects.
 	Redis global.Rediser
 	// Members reports the live instance count N and this instance's name.
 	// Nil means a single instance (membership.NewStatic with a random

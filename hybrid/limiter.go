@@ -23,11 +23,12 @@ import (
 // Limiter decides requests against a set of named limits. It is safe for
 // concurrent use. Create it with New and release it with Close.
 type Limiter struct {
-	cfg     Config // Limits: those given to New; the current ones are in set
-	store   store  // nil when every limit is Local
-	members membership.Counter
-	log     *slog.Logger
-	m       *metrics
+	cfg      Config                      // Limits: those given to New; the current ones are in set
+	store    store                       // nil when every limit is Local
+	diagnose func(context.Context) error // see explain; nil if the client cannot tell
+	members  membership.Counter
+	log      *slog.Logger
+	m        *metrics
 
 	// set holds the limits. Decisions read it without a lock; SetLimits
 	// replaces it, under setMu, and never mutates one.
@@ -88,6 +89,9 @@ type limitState struct {
 	count    bool          // count decisions: metrics are registered somewhere
 	commands atomic.Uint64 // Redis commands sent for this limit
 	failing  atomic.Int64  // keys whose last lease request failed
+	// unlogged holds the cause of a degrade made by a decision, whose log
+	// line the loop writes (see explain): a decision does not wait for it.
+	unlogged atomic.Pointer[error]
 
 	// Owned by the lease loop goroutine, and by Close once it has stopped.
 	eng     *engine // the lease policy; nil unless applied.Mode is Hybrid
@@ -137,12 +141,16 @@ func New(cfg Config) (*Limiter, error) {
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	if cfg.Redis != nil {
+		l.diagnose = dialCheck(cfg.Redis)
+	}
 	now := time.Now()
 	l.health = health{quiet: cfg.UncontendedTTL/renewDivisor + cfg.Tick, answered: now}
 	n := l.members.Count()
 	l.samples = []peerSample{{now, n}}
 	m.peers.Set(float64(n))
 	if unreachable != nil {
+		unreachable = l.explain(unreachable)
 		l.down.Store(&outage{cause: unreachable})
 	}
 	set := &limitSet{byName: make(map[string]*limitEntry, len(cfg.Limits))}
@@ -322,7 +330,9 @@ func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int)
 		}
 		ls.m.redisErrors.Inc()
 		if !global.IsReplyError(err) {
-			l.setDegraded(ls, true, redact(err, key))
+			// The loop writes the log line: explaining the cause may take
+			// another round trip, which this decision does not wait for.
+			l.setDegraded(ls, true, &cause{err: redact(err, key), later: true})
 		}
 		// A reply error (WRONGTYPE at this key, NOPERM) is about this
 		// decision only: Redis is up, so only this decision follows the
@@ -526,10 +536,29 @@ func redact(err error, key string) error {
 	return errors.New(out)
 }
 
+// cause is why limits degrade, for the log lines: err, explained (see
+// explain) when the first line needs it, at most once.
+type cause struct {
+	err       error
+	explained bool
+	// later: a decision degraded the limit, and the loop writes the line,
+	// so that the decision does not wait for the explanation.
+	later bool
+}
+
+// why returns c's error, explained.
+func (l *Limiter) why(c *cause) error {
+	if !c.explained {
+		c.err, c.explained = l.explain(c.err), true
+	}
+	return c.err
+}
+
 // setDegraded switches ls between normal and degraded, logging once per
-// change. It acts on the limit as configured now: nothing for a limit that
-// SetLimits removed, and a Local limit never degrades.
-func (l *Limiter) setDegraded(ls *limitEntry, on bool, cause error) {
+// change; c says why it degrades (nil when it recovers). It acts on the
+// limit as configured now: nothing for a limit that SetLimits removed, and
+// a Local limit never degrades.
+func (l *Limiter) setDegraded(ls *limitEntry, on bool, c *cause) {
 	if ls.degraded.Load() == on {
 		return
 	}
@@ -544,10 +573,29 @@ func (l *Limiter) setDegraded(ls *limitEntry, on bool, cause error) {
 	cur.m.degraded.Set(float64(b2i(on)))
 	cur.loc.SetInstances(now, l.shareCount(cur, now))
 	l.shareMu.Unlock()
-	if on {
-		l.log.Warn("hybridlimit: Redis unreachable, limit degraded to its outage policy",
-			"limit", cur.Name, "policy", cur.OnOutage.String(), "error", cause)
-	} else {
+	switch {
+	case on && c.later:
+		err := c.err
+		cur.unlogged.Store(&err)
+	case on:
+		l.logDegraded(cur, l.why(c))
+	default:
+		l.logUnlogged(cur)
 		l.log.Info("hybridlimit: Redis reachable again, limit back to normal", "limit", cur.Name)
+	}
+}
+
+// logDegraded writes the line of ls degrading because of err.
+func (l *Limiter) logDegraded(ls *limitEntry, err error) {
+	l.log.Warn("hybridlimit: Redis unreachable, limit degraded to its outage policy",
+		"limit", ls.Name, "policy", ls.OnOutage.String(), "error", err)
+}
+
+// logUnlogged writes the line of a degrade of ls that a decision made, if
+// it has not been written. Only the loop calls it: explaining the cause may
+// take a round trip.
+func (l *Limiter) logUnlogged(ls *limitEntry) {
+	if err := ls.unlogged.Swap(nil); err != nil {
+		l.logDegraded(ls, l.explain(*err))
 	}
 }

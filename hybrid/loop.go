@@ -114,6 +114,7 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 	resettle := l.resettle.Swap(false)
 	probe := false
 	for _, ls := range set.order {
+		l.logUnlogged(ls)
 		degraded := ls.degraded.Load()
 		if ls.OnOutage == FailLocal && degraded {
 			// The largest recent count may have aged out of PeakWindow.
@@ -283,7 +284,7 @@ func (l *Limiter) batchFailed(sent time.Time, b *batch, err error) {
 		l.health.ok(time.Now())
 	}
 	if l.health.silent(sent) {
-		l.setAllDegraded(true, err)
+		l.setAllDegraded(true, &cause{err: err})
 	}
 }
 
@@ -304,19 +305,20 @@ func (l *Limiter) keyRecovered(ls *limitEntry) {
 	}
 }
 
-// setAllDegraded degrades, or restores, every limit that uses Redis.
-func (l *Limiter) setAllDegraded(on bool, cause error) {
+// setAllDegraded degrades, or restores, every limit that uses Redis; c
+// says why it degrades them (nil when they recover).
+func (l *Limiter) setAllDegraded(on bool, c *cause) {
 	set := l.set.Load()
 	if on {
 		if l.down.Load() == nil {
-			l.down.Store(&outage{cause: cause})
+			l.down.Store(&outage{cause: l.why(c)})
 		}
 	} else if l.down.Load() != nil {
 		l.down.Store(nil)
 	}
 	for _, ls := range set.order {
 		if ls.Mode != Local {
-			l.setDegraded(ls, on, cause)
+			l.setDegraded(ls, on, c)
 		}
 	}
 }

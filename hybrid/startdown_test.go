@@ -2,8 +2,13 @@ package hybrid_test
 
 import (
 	"context"
+	"log/slog"
+	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
@@ -82,5 +87,60 @@ func TestDegradedFromNew(t *testing.T) {
 		}
 		srv.Restart(t)
 		eventually(t, 5*time.Second, "back to normal with no decision", func() bool { return !mustStatus(t, l, "h").Degraded })
+	})
+}
+
+// TestOutageLogNamesTheCause: the log line of a degrade names why Redis is
+// unreachable, connection refused, where the call that found it only saw
+// its deadline end (go-redis retries a refused dial in the background and
+// returns the caller's context error). At New, with nothing listening, and
+// in the loop, after Redis was killed.
+func TestOutageLogNamesTheCause(t *testing.T) {
+	limits := []hybrid.Limit{{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen}}
+	check := func(t *testing.T, logs *records) {
+		t.Helper()
+		got := logs.logged("degraded")
+		if len(got) != 1 || !strings.Contains(got[0]["error"], "connection refused") {
+			t.Errorf("degrade logged as %v; want one line whose error says connection refused", got)
+		}
+		t.Logf("logged %v", got)
+	}
+
+	t.Run("nothing listening at New", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		if err := ln.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var logs records
+		newLimiter(t, hybrid.Config{Redis: fastClientTo(t, addr), Logger: slog.New(&logs), Limits: limits})
+		check(t, &logs)
+	})
+
+	t.Run("Redis killed", func(t *testing.T) {
+		srv := redistest.Start(t)
+		// A pool larger than the failed dials of the test, so that go-redis
+		// never starts failing calls at once with its last dial error.
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: 200 * time.Millisecond,
+			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, PoolSize: 1000})
+		t.Cleanup(func() { _ = rdb.Close() })
+		var logs records
+		l := newLimiter(t, hybrid.Config{Redis: rdb, Logger: slog.New(&logs), Limits: limits, UncontendedTTL: time.Second})
+		ctx := context.Background()
+		eventually(t, 5*time.Second, "a lease", func() bool {
+			d, err := l.Allow(ctx, "h", "k")
+			return err == nil && d.Source == hybrid.SourceLease
+		})
+		srv.Kill(t)
+		eventually(t, 5*time.Second, "the degrade logged", func() bool {
+			if _, err := l.Allow(ctx, "h", "k"); err != nil {
+				t.Fatal(err)
+			}
+			return len(logs.logged("degraded")) > 0
+		})
+		check(t, &logs)
 	})
 }

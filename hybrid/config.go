@@ -140,6 +140,12 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Source says what decided.
 	Source Source
+	// Shadowed reports that the limit is in shadow mode (Limit.Shadow) and
+	// denied this request: Allowed is true only because a limit in shadow
+	// mode admits every request. Source and Remaining are those of the
+	// denial, RetryAfter is 0. False for every admission a limit would have
+	// made anyway, and for every decision of a limit not in shadow mode.
+	Shadowed bool
 }
 
 // Limit describes one named limit.
@@ -158,6 +164,13 @@ type Limit struct {
 	// Required, also for Local limits (which never need Redis), so that
 	// switching a limit's mode never silently picks a policy.
 	OnOutage Policy
+	// Shadow puts the limit in shadow mode (Envoy's shadow_mode): every
+	// request is decided, counted in the metrics and logged as usual, with
+	// the outcome the limit decided, and then admitted. A decision the
+	// limit denied comes back with Allowed and Shadowed true. Use it to
+	// watch what a new or changed limit would do before enforcing it. False,
+	// the zero value, enforces the limit.
+	Shadow bool `json:",omitempty"`
 }
 
 // Config configures a Limiter. Every field says what its zero value means.

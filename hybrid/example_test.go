@@ -701,3 +701,27 @@ func ExampleLimiter_Limits() {
 	// api: 100/s burst 20, fail-open
 	// login: 0.08333/s burst 5, fail-closed
 }
+
+func ExampleLimit_shadow() {
+	// A limit to try out before enforcing it: decided and counted as
+	// usual, but every request admitted.
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{{
+		Name: "new-api", Rate: hybrid.PerHour(100), Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailOpen,
+		Shadow: true,
+	}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	for range 3 {
+		d, err := l.Allow(context.Background(), "new-api", "user-42")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("allowed %v, would have been denied %v\n", d.Allowed, d.Shadowed)
+	}
+	// Output:
+	// allowed true, would have been denied false
+	// allowed true, would have been denied false
+	// allowed true, would have been denied true
+}

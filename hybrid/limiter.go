@@ -234,6 +234,10 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // limit's burst it returns a denial with RetryAfter Never together with
 // ErrExceedsBurst, since waiting can never help.
 //
+// A limit in shadow mode (Limit.Shadow) decides and counts as usual and
+// then admits: a denial comes back as Allowed and Shadowed, with no error,
+// ErrExceedsBurst included.
+//
 // A limit changed by SetLimits decides by its new Limit from the moment
 // SetLimits returns; a removed one returns ErrUnknownLimit.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
@@ -257,6 +261,9 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 		}
 		if ls.count {
 			ls.m.decisions[d.Source][0].Inc()
+		}
+		if ls.Shadow {
+			return shadowed(d), nil
 		}
 		return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, limit, n, ls.Burst)
 	}
@@ -286,7 +293,15 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	if ls.count {
 		ls.m.decisions[d.Source][b2i(d.Allowed)].Inc()
 	}
+	if ls.Shadow && !d.Allowed {
+		return shadowed(d), nil
+	}
 	return d, nil
+}
+
+// shadowed is the admission a limit in shadow mode makes of denial d.
+func shadowed(d Decision) Decision {
+	return Decision{Allowed: true, Remaining: d.Remaining, Source: d.Source, Shadowed: true}
 }
 
 func b2i(b bool) int {

@@ -24,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hybridlimit_decisions_total",
-			Help: "Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed).",
+			Help: "Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.",
 		}, []string{"limit", "outcome", "source"}),
 		redisCommands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hybridlimit_redis_commands_total",

@@ -53,7 +53,7 @@ func TestMetricsNeverCarryAKey(t *testing.T) {
 	checkMetricNames(t, reg)
 	// Every (outcome, source) pair exists from the start, at zero.
 	want := `
-# HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed).
+# HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.
 # TYPE hybridlimit_decisions_total counter
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_closed"} 0
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_open"} 0

@@ -8,7 +8,7 @@ import (
 
 // SetLimits replaces the Limiter's limits with limits while it runs: it
 // adds the limits whose names are new, changes those whose Limit differs
-// (rate, burst, mode, outage policy) and removes the others.
+// (rate, burst, mode, outage policy, shadow mode) and removes the others.
 // It checks every limit first, as New does, and returns an error wrapping
 // ErrConfig, changing nothing, if any is invalid (or if a limit needs Redis
 // and the Limiter has no client); after Close it returns ErrClosed. Calls

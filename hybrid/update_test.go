@@ -448,7 +448,7 @@ func TestSetLimitsModeChanges(t *testing.T) {
 }
 
 // TestSetLimitsUnderLoad changes the limits of two instances over and
-// over (rates, modes, a limit removed and added back) while
+// over (rates, modes, shadow mode, a limit removed and added back) while
 // decisions run on every limit: run with -race, nothing races, no decision
 // fails but those on the limit while it is removed, and Close releases
 // every lease of the last set.
@@ -492,6 +492,7 @@ func TestSetLimitsUnderLoad(t *testing.T) {
 	for round := range 60 {
 		ls := slices.Clone(base)
 		ls[0].Rate = float64(200 + 100*(round%5))
+		ls[0].Shadow = round%3 == 0
 		ls[1].Mode = modes[round%3]
 		if round%4 == 3 {
 			ls = ls[:2] // c removed this round

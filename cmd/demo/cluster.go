@@ -72,15 +72,28 @@ type instance struct {
 	name     string
 	gossip   string // memberlist address, the seed others join
 	httpAddr string // host:port of the HTTP server
-	limits   []hybrid.Limit
 	lim      *hybrid.Limiter
 	rdb      *redis.Client
 	srv      *http.Server
 	served   chan struct{} // closed when the HTTP server has stopped
-	counts   []responseCounts
+
+	// limits are the limits served; setLimits replaces them, never mutates
+	// them.
+	limits atomic.Pointer[endpoints]
+	// setMu serialises setLimits.
+	setMu sync.Mutex
 
 	closeOnce sync.Once
 	closeErr  error
+}
+
+// endpoints are the limits an instance serves, each at /<name> behind the
+// library's middleware, with the counts of its responses.
+type endpoints struct {
+	limits   []hybrid.Limit
+	counts   []*responseCounts // of limits[i]; a limit keeps its counts across reloads
+	handlers []http.Handler    // of limits[i]
+	index    map[string]int    // limit name to index
 }
 
 // responseCounts counts the responses of one limit's endpoint.
@@ -130,12 +143,11 @@ func startInstance(cfg instanceConfig) (*instance, error) {
 	in := &instance{
 		name:   members.Name(),
 		gossip: members.Addr(),
-		limits: cfg.Limits,
 		lim:    lim,
 		rdb:    rdb,
 		served: make(chan struct{}),
-		counts: make([]responseCounts, len(cfg.Limits)),
 	}
+	in.serve(cfg.Limits)
 	ln, err := net.Listen("tcp", cfg.HTTP)
 	if err != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -187,17 +199,54 @@ func splitHostPort(addr string) (string, int, error) {
 	return host, port, nil
 }
 
-// handler serves each limit at /<name> behind the library's middleware,
-// and /metrics and /healthz.
-func (in *instance) handler(reg *prometheus.Registry) http.Handler {
-	mux := http.NewServeMux()
-	for i, l := range in.limits {
+// setLimits puts limits in force in the limiter and serves them, or
+// returns the limiter's error and changes nothing.
+func (in *instance) setLimits(limits []hybrid.Limit) error {
+	in.setMu.Lock()
+	defer in.setMu.Unlock()
+	if err := in.lim.SetLimits(limits); err != nil {
+		return err
+	}
+	in.serve(limits)
+	return nil
+}
+
+// serve makes limits the ones served, keeping the counts of those served
+// already.
+func (in *instance) serve(limits []hybrid.Limit) {
+	old := in.limits.Load()
+	e := &endpoints{limits: limits, index: make(map[string]int, len(limits))}
+	for i, l := range limits {
+		c := &responseCounts{}
+		if old != nil {
+			if j, ok := old.index[l.Name]; ok {
+				c = old.counts[j]
+			}
+		}
 		admitted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			fmt.Fprintf(w, "admitted by %s under limit %q\n", in.name, l.Name)
 		})
-		mux.Handle("/"+l.Name, in.counted(&in.counts[i], hybrid.Middleware(in.lim, l.Name, requestKey)(admitted)))
+		e.counts = append(e.counts, c)
+		e.handlers = append(e.handlers, in.counted(c, hybrid.Middleware(in.lim, l.Name, requestKey)(admitted)))
+		e.index[l.Name] = i
 	}
+	in.limits.Store(e)
+}
+
+// handler serves each limit at /<name> behind the library's middleware,
+// and /metrics and /healthz.
+func (in *instance) handler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/{limit}", func(w http.ResponseWriter, r *http.Request) {
+		e := in.limits.Load()
+		i, ok := e.index[r.PathValue("limit")]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		e.handlers[i].ServeHTTP(w, r)
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", in.healthz)
 	return mux
@@ -272,8 +321,11 @@ type limitHealth struct {
 // Redis is down still serves under its outage policies.
 func (in *instance) healthz(w http.ResponseWriter, _ *http.Request) {
 	h := health{Name: in.name, Instances: in.lim.Instances()}
-	for _, l := range in.limits {
+	for _, l := range in.lim.Limits() {
 		st, err := in.lim.Status(l.Name)
+		if errors.Is(err, hybrid.ErrUnknownLimit) {
+			continue // removed by a reload just now
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
@@ -318,17 +370,22 @@ func (in *instance) close(ctx context.Context) error {
 
 // limitSample is one limit on one instance at one moment.
 type limitSample struct {
+	limit             hybrid.Limit
 	ok, denied, other uint64
 	st                hybrid.Status
 }
 
-// sample reads the counters and status of every limit.
+// sample reads the counters and status of every limit served.
 func (in *instance) sample() []limitSample {
-	s := make([]limitSample, len(in.limits))
-	for i, l := range in.limits {
-		c := &in.counts[i]
+	e := in.limits.Load()
+	s := make([]limitSample, len(e.limits))
+	for i, l := range e.limits {
+		c := e.counts[i]
+		s[i].limit = l
 		s[i].ok, s[i].denied, s[i].other = c.ok.Load(), c.denied.Load(), c.other.Load()
-		s[i].st, _ = in.lim.Status(l.Name) // known limit: no error
+		// An error only for a limit a reload removed just now: its Status
+		// stays zero.
+		s[i].st, _ = in.lim.Status(l.Name)
 	}
 	return s
 }

@@ -13,6 +13,7 @@
 //	go run ./cmd/demo node -redis ADDR [-join ADDR] [-gossip ADDR:PORT] [-http ADDR:PORT] [-config limits.yaml]
 //
 // runs one real instance per process, to spread over terminals or machines;
+// it reloads its limits file on SIGHUP;
 //
 //	go run ./cmd/demo redis
 //
@@ -156,7 +157,9 @@ serves each limit at /<name>?key=K (or header X-Key), /metrics and /healthz.
 Start the first node without -join; start the others with -join set to the
 gossip address the first one prints. Nodes given fixed -gossip ports may
 start in any order: each keeps trying its -join addresses for -join-timeout.
-Ctrl-C or SIGTERM makes a node leave the cluster cleanly.
+Ctrl-C or SIGTERM makes a node leave the cluster cleanly. SIGHUP reloads
+the -config file: a file with problems is reported, line by line, and the
+limits in force stay.
 
 flags:
 `
@@ -211,7 +214,11 @@ func runNodeCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			cfg.Seeds = append(cfg.Seeds, s)
 		}
 	}
-	if err := runNode(ctx, cfg, stdout, stderr); err != nil {
+	// SIGHUP reloads the limits file, as daemons reload their configuration.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	if err := runNode(ctx, cfg, reloads{signals: hup, path: *config}, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "demo node: %v\n", err)
 		return exitError
 	}

@@ -21,6 +21,9 @@ type Quota struct {
 	// Degraded reports whether Redis is unreachable and the limit follows
 	// its OnOutage policy.
 	Degraded bool
+	// Shadow reports whether the limit is in shadow mode (Limit.Shadow): it
+	// admits every request, so it advertises nothing to clients.
+	Shadow bool
 }
 
 // Quota returns the policy the named limit advertises now. It is cheap
@@ -30,7 +33,7 @@ func (l *Limiter) Quota(limit string) (Quota, error) {
 	if ls == nil {
 		return Quota{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
 	}
-	q := Quota{Rate: ls.Rate, Burst: ls.Burst, Degraded: ls.degraded.Load()}
+	q := Quota{Rate: ls.Rate, Burst: ls.Burst, Degraded: ls.degraded.Load(), Shadow: ls.Shadow}
 	if q.Degraded && ls.OnOutage == FailLocal {
 		s := ls.loc.Default()
 		q.Rate, q.Burst = float64(s.Limit), s.Burst
@@ -193,6 +196,9 @@ type middleware struct {
 // below 1) the request gets 503 Service Unavailable (WithErrorHandler
 // changes the answer) and next is not called.
 //
+// A limit in shadow mode (Limit.Shadow) admits every request and writes no
+// header: clients must not slow down for a limit that is only watched.
+//
 // A request whose key is empty is limited with every other such request
 // in one shared bucket, unless WithEmptyKey says otherwise. WithCost sets
 // the tokens a request takes; WithSkip exempts requests such as health
@@ -248,7 +254,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.fail(w, r, err)
 		return
 	}
-	WriteHeaders(w.Header(), m.limit, q, d)
+	if !q.Shadow {
+		WriteHeaders(w.Header(), m.limit, q, d)
+	}
 	switch {
 	case d.Allowed:
 		next.ServeHTTP(w, r)

@@ -2,6 +2,9 @@ package hybrid_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,4 +79,28 @@ func outcomes(t *testing.T, reg *prometheus.Registry, limit string) (allowed, de
 		}
 	}
 	return allowed, denied
+}
+
+// TestMiddlewareShadowWritesNoHeaders: behind a Middleware, a limit in
+// shadow mode lets every request through and writes no RateLimit field or
+// Retry-After, so clients do not slow down for a limit that is only
+// watched; a limit stacked on it still writes its own.
+func TestMiddlewareShadowWritesNoHeaders(t *testing.T) {
+	l := newLimiter(t, hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "watched", Rate: hybrid.PerDay(1), Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailOpen, Shadow: true},
+		{Name: "enforced", Rate: 1000, Burst: 1000, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
+	}})
+	key := func(*http.Request) string { return "k" }
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	h := hybrid.Middleware(l, "enforced", key)(hybrid.Middleware(l, "watched", key)(ok))
+	for i := range 3 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		policy := rec.Header().Get("RateLimit-Policy")
+		if rec.Code != http.StatusOK || rec.Header().Get("Retry-After") != "" ||
+			strings.Contains(policy, "watched") || !strings.Contains(policy, "enforced") {
+			t.Fatalf("request %d: %d, RateLimit-Policy %q, Retry-After %q; want 200 with only the enforced limit's policy",
+				i, rec.Code, policy, rec.Header().Get("Retry-After"))
+		}
+	}
 }

@@ -47,18 +47,8 @@ func (l *Limiter) SetLimits(limits []Limit) error {
 	now := time.Now()
 	old := l.set.Load()
 	next := &limitSet{byName: make(map[string]*limitEntry, len(limits)), order: make([]*limitEntry, 0, len(limits))}
-	var added, changed, removed []string
-	keep := make(map[string]bool, len(limits))
-	for _, lim := range limits {
-		keep[lim.Name] = true
-	}
-	for _, e := range old.order {
-		if !keep[e.Name] {
-			removed = append(removed, e.Name)
-			// Before any new limit of the name resolves its metrics.
-			l.m.forget(e.Name)
-		}
-	}
+	var added, changed []string
+	removed := l.remove(old, limits)
 	var starts []*limitEntry // limits that start degraded
 	l.shareMu.Lock()
 	for _, lim := range limits {
@@ -75,18 +65,8 @@ func (l *Limiter) SetLimits(limits []Limit) error {
 			}
 			added = append(added, lim.Name)
 		case prev.Limit != lim:
-			e = &limitEntry{Limit: lim, limitState: prev.limitState}
+			e = l.change(prev, lim, now)
 			changed = append(changed, lim.Name)
-			if usesRedis := lim.Mode != Local; usesRedis != (prev.Mode != Local) {
-				on := usesRedis && l.down.Load() != nil
-				e.degraded.Store(on)
-				e.m.degraded.Set(float64(b2i(on)))
-			}
-			if lim.Rate != prev.Rate || lim.Burst != prev.Burst {
-				// Cannot fail: lim is valid.
-				_ = e.loc.SetLimit(now, rate.Limit(lim.Rate), lim.Burst)
-			}
-			e.loc.SetInstances(now, l.shareCount(e, now))
 		}
 		if e.degraded.Load() && !was {
 			starts = append(starts, e)
@@ -96,7 +76,49 @@ func (l *Limiter) SetLimits(limits []Limit) error {
 	}
 	l.set.Store(next)
 	l.shareMu.Unlock()
+	l.logChanges(added, changed, removed, starts)
+	return nil
+}
 
+// remove returns the names of the limits of old that limits leaves out,
+// and deletes their metrics series.
+func (l *Limiter) remove(old *limitSet, limits []Limit) []string {
+	keep := make(map[string]bool, len(limits))
+	for _, lim := range limits {
+		keep[lim.Name] = true
+	}
+	var removed []string
+	for _, e := range old.order {
+		if !keep[e.Name] {
+			removed = append(removed, e.Name)
+			// Before any new limit of the name resolves its metrics.
+			l.m.forget(e.Name)
+		}
+	}
+	return removed
+}
+
+// change returns the entry of prev changed to lim at now: the same keys
+// and counters, its default share re-split for lim, degraded if it starts
+// to use Redis while Redis is unreachable. Requires shareMu held.
+func (l *Limiter) change(prev *limitEntry, lim Limit, now time.Time) *limitEntry {
+	e := &limitEntry{Limit: lim, limitState: prev.limitState}
+	if usesRedis := lim.Mode != Local; usesRedis != (prev.Mode != Local) {
+		on := usesRedis && l.down.Load() != nil
+		e.degraded.Store(on)
+		e.m.degraded.Set(float64(b2i(on)))
+	}
+	if lim.Rate != prev.Rate || lim.Burst != prev.Burst {
+		// Cannot fail: lim is valid.
+		_ = e.loc.SetLimit(now, rate.Limit(lim.Rate), lim.Burst)
+	}
+	e.loc.SetInstances(now, l.shareCount(e, now))
+	return e
+}
+
+// logChanges logs what a SetLimits changed, if anything, and each limit
+// that starts degraded.
+func (l *Limiter) logChanges(added, changed, removed []string, starts []*limitEntry) {
 	if len(added)+len(changed)+len(removed) > 0 {
 		l.log.Info("hybridlimit: limits changed", "added", added, "changed", changed, "removed", removed)
 	}
@@ -106,7 +128,6 @@ func (l *Limiter) SetLimits(limits []Limit) error {
 				"limit", e.Name, "policy", e.OnOutage.String(), "error", d.cause)
 		}
 	}
-	return nil
 }
 
 // Limits returns the limits in force, in the order given to New or to the

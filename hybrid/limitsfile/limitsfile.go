@@ -114,23 +114,38 @@ func Parse(name string, data []byte, opts ...Option) ([]hybrid.Limit, error) {
 	// Decoded into a yaml.Node, not a struct, so that every message can give
 	// the line of the field it is about; unknown fields are found below.
 	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.Join(&Error{File: name, Msg: "the file is empty: write a list of limits, for example\n" + example})
-		}
-		hint := ""
-		if bytes.ContainsRune(data, '\t') {
-			hint = " (YAML indents with spaces, not tabs)"
-		}
-		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-			line, _ := strconv.Atoi(m[1])
-			return nil, errors.Join(&Error{File: name, Line: line, Msg: "not valid YAML: " + m[2] + hint})
-		}
-		return nil, errors.Join(&Error{File: name, Msg: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ") + hint})
+		return nil, errors.Join(syntaxError(name, data, err))
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		root = root.Content[0]
 	}
+	limits := p.limits(p.list(root))
+	if len(p.errs) > 0 {
+		return nil, errors.Join(p.errs...)
+	}
+	return limits, nil
+}
+
+// syntaxError is the problem of a file yaml.v3 could not decode.
+func syntaxError(name string, data []byte, err error) *Error {
+	if errors.Is(err, io.EOF) {
+		return &Error{File: name, Msg: "the file is empty: write a list of limits, for example\n" + example}
+	}
+	hint := ""
+	if bytes.ContainsRune(data, '\t') {
+		hint = " (YAML indents with spaces, not tabs)"
+	}
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &Error{File: name, Line: line, Msg: "not valid YAML: " + m[2] + hint}
+	}
+	return &Error{File: name, Msg: "not valid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ") + hint}
+}
+
+// list returns the list of limits in the document root, or records why
+// there is none and returns nil.
+func (p *parser) list(root *yaml.Node) *yaml.Node {
 	var list *yaml.Node
 	switch root.Kind {
 	case yaml.SequenceNode:
@@ -154,29 +169,33 @@ func Parse(name string, data []byte, opts ...Option) ([]hybrid.Limit, error) {
 	default:
 		p.errorf(root, "expected a list of limits, for example\n%s", example)
 	}
+	return list
+}
+
+// limits parses the items of list (none if it is nil), recording their
+// problems.
+func (p *parser) limits(list *yaml.Node) []hybrid.Limit {
+	if list == nil {
+		return nil
+	}
+	if len(list.Content) == 0 && len(p.errs) == 0 {
+		p.errorf(list, "the list of limits is empty: give at least one, for example\n%s", example)
+	}
 	var limits []hybrid.Limit
-	if list != nil {
-		if len(list.Content) == 0 && len(p.errs) == 0 {
-			p.errorf(list, "the list of limits is empty: give at least one, for example\n%s", example)
+	seen := map[string]int{}
+	for i, item := range list.Content {
+		l, ok := p.limit(i, item)
+		if !ok {
+			continue
 		}
-		seen := map[string]int{}
-		for i, item := range list.Content {
-			l, ok := p.limit(i, item)
-			if !ok {
-				continue
-			}
-			if first, dup := seen[l.Name]; dup {
-				p.errorf(item, "limit %q is defined twice (first on line %d): give each limit its own name", l.Name, first)
-				continue
-			}
-			seen[l.Name] = item.Line
-			limits = append(limits, l)
+		if first, dup := seen[l.Name]; dup {
+			p.errorf(item, "limit %q is defined twice (first on line %d): give each limit its own name", l.Name, first)
+			continue
 		}
+		seen[l.Name] = item.Line
+		limits = append(limits, l)
 	}
-	if len(p.errs) > 0 {
-		return nil, errors.Join(p.errs...)
-	}
-	return limits, nil
+	return limits
 }
 
 // fields are the fields of one limit, in the order messages list them.
@@ -219,8 +238,31 @@ func (p *parser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 		p.errorf(item, "expected a limit with fields %s, for example\n%s", strings.Join(fields, ", "), example)
 		return hybrid.Limit{}, false
 	}
-	given := map[string]*yaml.Node{}
 	before := len(p.errs)
+	given := p.given(item)
+	var l hybrid.Limit
+	if v := p.field(item, given, "name", "write name: api (the limit's name in calls, metrics and Redis keys)"); v != nil {
+		l.Name = p.name(v)
+	}
+	if v := p.field(item, given, "rate", "write rate: 100 (requests per second across all instances), or rate: 6000/min"); v != nil {
+		l.Rate = p.rate(v)
+	}
+	if v := p.field(item, given, "burst", "write burst: 10 (the most requests admitted at once, at least 1)"); v != nil {
+		l.Burst = p.burst(v)
+	}
+	p.modes(item, given, &l)
+	if v := given["shadow"]; v != nil {
+		if v.Kind != yaml.ScalarNode || v.Decode(&l.Shadow) != nil {
+			p.errorf(v, "shadow is %q, not true or false: write shadow: true to admit every request and only count what the limit would deny, or leave it out", v.Value)
+		}
+	}
+	return l, len(p.errs) == before
+}
+
+// given returns the fields of item by name, recording the fields given
+// twice and the unknown ones, and labels messages with the limit's name.
+func (p *parser) given(item *yaml.Node) map[string]*yaml.Node {
+	given := map[string]*yaml.Node{}
 	for j := 0; j+1 < len(item.Content); j += 2 {
 		k, v := item.Content[j], item.Content[j+1]
 		if k.Value == "name" && v.Kind == yaml.ScalarNode && v.Value != "" {
@@ -238,24 +280,25 @@ func (p *parser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 			p.errorf(k, "unknown field %q: %s", k.Value, suggestField(k.Value))
 		}
 	}
-	var l hybrid.Limit
-	if v := p.field(item, given, "name", "write name: api (the limit's name in calls, metrics and Redis keys)"); v != nil {
-		l.Name = p.name(v)
+	return given
+}
+
+// burst parses a burst, recording its problem and returning 0 if it has one.
+func (p *parser) burst(v *yaml.Node) int {
+	b, err := strconv.Atoi(strings.ReplaceAll(v.Value, "_", ""))
+	switch {
+	case err != nil:
+		p.errorf(v, "burst is %q, not a whole number: write the most requests admitted at once, for example burst: 10", v.Value)
+	case b < 1:
+		p.errorf(v, "burst is %d: write a whole number of at least 1, for example burst: %s", b, exampleNumber(float64(-b), 10))
+	default:
+		return b
 	}
-	if v := p.field(item, given, "rate", "write rate: 100 (requests per second across all instances), or rate: 6000/min"); v != nil {
-		l.Rate = p.rate(v)
-	}
-	if v := p.field(item, given, "burst", "write burst: 10 (the most requests admitted at once, at least 1)"); v != nil {
-		b, err := strconv.Atoi(strings.ReplaceAll(v.Value, "_", ""))
-		switch {
-		case err != nil:
-			p.errorf(v, "burst is %q, not a whole number: write the most requests admitted at once, for example burst: 10", v.Value)
-		case b < 1:
-			p.errorf(v, "burst is %d: write a whole number of at least 1, for example burst: %s", b, exampleNumber(float64(-b), 10))
-		default:
-			l.Burst = b
-		}
-	}
+	return 0
+}
+
+// modes parses the mode and on_outage of item into l.
+func (p *parser) modes(item *yaml.Node, given map[string]*yaml.Node, l *hybrid.Limit) {
 	if v := p.field(item, given, "mode", "write mode: hybrid (or local, global)"); v != nil {
 		// UnmarshalText ignores case and reads '_' as '-'; a quoted value
 		// may also carry spaces. An empty value reads as the unset mode,
@@ -273,12 +316,6 @@ func (p *parser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 			p.errorf(v, "on_outage %q is not a policy: write on_outage: %s (or %s)", v.Value, guess, others)
 		}
 	}
-	if v := given["shadow"]; v != nil {
-		if v.Kind != yaml.ScalarNode || v.Decode(&l.Shadow) != nil {
-			p.errorf(v, "shadow is %q, not true or false: write shadow: true to admit every request and only count what the limit would deny, or leave it out", v.Value)
-		}
-	}
-	return l, len(p.errs) == before
 }
 
 // field returns the scalar value of the named field, or records that it is

@@ -52,6 +52,7 @@ const (
 	Hybrid
 )
 
+// String returns the mode's name: local, global or hybrid.
 func (m Mode) String() string {
 	switch m {
 	case Local:
@@ -80,6 +81,7 @@ const (
 	FailClosed
 )
 
+// String returns the policy's name: fail-local, fail-open or fail-closed.
 func (p Policy) String() string {
 	switch p {
 	case FailLocal:
@@ -111,6 +113,8 @@ const (
 
 const numSources = int(SourceFailClosed) + 1
 
+// String returns the source's name, as the metrics' source label has it:
+// lease, local, global, fail_open or fail_closed.
 func (s Source) String() string {
 	switch s {
 	case SourceLease:

@@ -80,6 +80,7 @@ const (
 	EmptyKeyReject
 )
 
+// String returns the choice's name.
 func (e EmptyKey) String() string {
 	switch e {
 	case EmptyKeyShared:

@@ -202,7 +202,10 @@ func normal(a netip.Addr) netip.Addr {
 
 // lastElements returns the last n elements of the comma-separated list
 // made of lines, in order, skipping empty ones, and whether that is all of
-// them. With quoted, commas inside quoted strings do not separate.
+// them. With quoted, commas inside quoted strings do not separate, unless a
+// line ends inside a quoted string: a client may open a quote that would
+// swallow the elements proxies append after its own, so such a line is
+// split at every comma (the elements proxies append hold no comma).
 func lastElements(lines []string, quoted bool, n int) ([]string, bool) {
 	ring := make([]string, 0, n)
 	next, total := 0, 0
@@ -220,9 +223,10 @@ func lastElements(lines []string, quoted bool, n int) ([]string, bool) {
 	}
 	for _, line := range lines {
 		start, inQuote := 0, false
+		q := quoted && !endsInQuote(line)
 		for i := 0; i < len(line); i++ {
 			switch c := line[i]; {
-			case !quoted:
+			case !q:
 				if c == ',' {
 					push(line[start:i])
 					start = i + 1
@@ -242,6 +246,20 @@ func lastElements(lines []string, quoted bool, n int) ([]string, bool) {
 		ring = append(ring[next:], ring[:next]...)
 	}
 	return ring, total <= n
+}
+
+// endsInQuote reports whether line ends inside a quoted string.
+func endsInQuote(line string) bool {
+	in := false
+	for i := 0; i < len(line); i++ {
+		switch c := line[i]; {
+		case in && c == '\\':
+			i++
+		case c == '"':
+			in = !in
+		}
+	}
+	return in
 }
 
 // forwardedFor returns the node of the for= parameter of one element of a

@@ -37,10 +37,14 @@ func TestClientIP(t *testing.T) {
 			fields: map[string][]string{"X-Forwarded-For": {client}, "Forwarded": {"for=1.1.1.1"}}, want: client},
 		{name: "spoof in the other field, Forwarded", header: "Forwarded", peer: "10.0.0.1:80",
 			fields: map[string][]string{"X-Forwarded-For": {"1.1.1.1"}, "Forwarded": {"for=" + client}}, want: client},
+		// An unterminated quote must not swallow the element the proxy
+		// appended, or the client would get the proxy's key.
 		{name: "spoof with an unterminated quote", header: "Forwarded", peer: "10.0.0.1:80",
-			fields: fwd(`for="1.1.1.1, for=` + client), want: "10.0.0.1"},
+			fields: fwd(`for="1.1.1.1, for=` + client), want: client},
 		{name: "spoof with an unterminated quote before an IPv6 client", header: "Forwarded", peer: "10.0.0.1:80",
-			fields: fwd(`a=", for="[2001:db8::17]"`), want: "10.0.0.1"},
+			fields: fwd(`a=", for="[2001:db8::17]"`), want: "2001:db8::17"},
+		{name: "spoof with an escaped quote left open", header: "Forwarded", peer: "10.0.0.1:80",
+			fields: fwd(`for="\", for=` + client), want: client},
 		{name: "spoof with many addresses", peer: "10.0.0.1:80",
 			fields: xff(strings.Repeat("1.1.1.1, ", 1000) + client), want: client},
 

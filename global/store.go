@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -69,15 +70,15 @@ func New(rdb Rediser, prefix string) *Store {
 // MaxKeyBytes is the longest key that goes into Redis key names as it is.
 // Keys often come from clients (an API key, a header, an address), and a
 // client may send megabytes: a longer key is named in Redis by "#" and the
-// hex SHA-256 of the key, 65 bytes. Two different long keys share a name
-// only if SHA-256 collides. (A short key that spells such a name shares it
-// with the long key it hashes; whoever can write that key knows the long
-// one, and could send it instead.)
+// hex SHA-256 of the key, 65 bytes. So is a key with a brace, which would
+// move the Redis Cluster hash tag (and could put many keys on one shard),
+// and a key starting with "#", which could spell another key's hashed
+// name. Two different keys share a name only if SHA-256 collides.
 const MaxKeyBytes = 128
 
 // LeaseKey returns the Redis key of the lease hash of (limit, key):
 // "<prefix>:{<limit>:<key>}", with key hashed if it is longer than
-// MaxKeyBytes. The braces are a Redis Cluster hash tag, so the lease hash
+// MaxKeyBytes, holds a brace or starts with "#". The braces are a Redis Cluster hash tag, so the lease hash
 // and the token bucket of one (limit, key) live in one slot. Limit names
 // should not contain ':', or two (limit, key) pairs may share a key.
 func (s *Store) LeaseKey(limit, key string) string {
@@ -86,7 +87,7 @@ func (s *Store) LeaseKey(limit, key string) string {
 
 // keyName is key as it appears in Redis key names, see MaxKeyBytes.
 func keyName(key string) string {
-	if len(key) <= MaxKeyBytes {
+	if len(key) <= MaxKeyBytes && !strings.ContainsAny(key, "{}") && !strings.HasPrefix(key, "#") {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))

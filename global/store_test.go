@@ -72,3 +72,26 @@ func TestLongKeysAreHashedInRedis(t *testing.T) {
 		t.Errorf("second take on a long key: %+v, %v; want a denial: its bucket is found again by its hash", tk, err)
 	}
 }
+
+// TestKeysThatWouldMoveTheHashTagAreHashed: a key with a brace would move
+// the Redis Cluster hash tag of its names, and a key starting with "#"
+// could spell a long key's hashed name: both are hashed, and every such key
+// keeps a name of its own in the tag of its limit.
+func TestKeysThatWouldMoveTheHashTagAreHashed(t *testing.T) {
+	store := global.New(noNetwork{}, "p")
+	long := strings.Repeat("k", global.MaxKeyBytes+1)
+	names := map[string]string{}
+	for _, key := range []string{"plain", "}x", "{x}", "a}b{c", "#", long, store.LeaseKey("api", long)[len("p:{api:") : len(store.LeaseKey("api", long))-1]} {
+		name := store.LeaseKey("api", key)
+		if !strings.HasPrefix(name, "p:{api:") || strings.Count(name, "{") != 1 || strings.Count(name, "}") != 1 || !strings.HasSuffix(name, "}") {
+			t.Errorf("key %q is named %q: want one hash tag, {api:...}", key, name)
+		}
+		if other, dup := names[name]; dup {
+			t.Errorf("keys %q and %q share the name %q", other, key, name)
+		}
+		names[name] = key
+	}
+	if got := store.LeaseKey("api", "plain"); got != "p:{api:plain}" {
+		t.Errorf("a plain key is named %q; want it as it is", got)
+	}
+}

@@ -31,7 +31,7 @@
 //   - codes.Canceled or codes.DeadlineExceeded when the call's context ends
 //     during a decision of a Global limit, as gRPC itself answers.
 //   - codes.Unauthenticated when the key is empty and WithEmptyKey chose
-//     EmptyKeyDeny.
+//     EmptyKeyReject.
 //
 // Options set the cost of a call (WithCost, 1 by default), methods and
 // services left unlimited (WithSkipMethods, for example the health service

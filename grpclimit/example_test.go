@@ -194,7 +194,7 @@ func ExampleWithEmptyKey() {
 	defer l.Close(context.Background())
 
 	anonymous := context.Background() // no x-api-key
-	for _, e := range []grpclimit.EmptyKey{grpclimit.EmptyKeyShared, grpclimit.EmptyKeyDeny, grpclimit.EmptyKeySkip} {
+	for _, e := range []grpclimit.EmptyKey{grpclimit.EmptyKeyShared, grpclimit.EmptyKeyReject, grpclimit.EmptyKeySkip} {
 		intercept := grpclimit.UnaryServerInterceptor(l, "api", grpclimit.ByMetadata("x-api-key"), grpclimit.WithEmptyKey(e))
 		fmt.Println(e)
 		call(anonymous, intercept, "/shop.Orders/Get")
@@ -204,7 +204,7 @@ func ExampleWithEmptyKey() {
 	// shared
 	// /shop.Orders/Get: OK
 	// /shop.Orders/Get: ResourceExhausted
-	// deny
+	// reject
 	// /shop.Orders/Get: Unauthenticated
 	// /shop.Orders/Get: Unauthenticated
 	// skip

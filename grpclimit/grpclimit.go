@@ -44,26 +44,29 @@ const (
 	// so they can neither bypass the limit nor be turned away outright. It
 	// is the default.
 	EmptyKeyShared EmptyKey = iota
-	// EmptyKeyDeny refuses calls without a key with codes.Unauthenticated,
-	// without taking a decision.
-	EmptyKeyDeny
 	// EmptyKeySkip admits calls without a key without taking a decision, so
 	// a KeyFunc can leave calls unlimited by returning "". Beware of a
 	// KeyFunc that returns "" for something a client controls (a missing
 	// header): such clients are never limited.
 	EmptyKeySkip
+	// EmptyKeyReject refuses calls without a key with codes.Unauthenticated,
+	// without taking a decision.
+	EmptyKeyReject
 )
 
-// String returns the name of e without its prefix: "shared", "deny" or
-// "skip".
+// The choices and their order are those of hybrid.EmptyKey, the HTTP
+// Middleware's.
+
+// String returns the name of e without its prefix: "shared", "skip" or
+// "reject".
 func (e EmptyKey) String() string {
 	switch e {
 	case EmptyKeyShared:
 		return "shared"
-	case EmptyKeyDeny:
-		return "deny"
 	case EmptyKeySkip:
 		return "skip"
+	case EmptyKeyReject:
+		return "reject"
 	}
 	return fmt.Sprintf("EmptyKey(%d)", int(e))
 }
@@ -76,6 +79,7 @@ type options struct {
 	skip     map[string]bool // full method names
 	services []string        // prefixes "/package.Service/"
 	emptyKey EmptyKey
+	outage   time.Duration // retry delay of a fail-closed refusal
 }
 
 // WithCost sets the number of tokens a call takes: cost(ctx, fullMethod).
@@ -117,10 +121,20 @@ func WithSkipMethods(names ...string) Option {
 // empty. Without it, EmptyKeyShared. It panics if e is none of the EmptyKey
 // constants.
 func WithEmptyKey(e EmptyKey) Option {
-	if e < EmptyKeyShared || e > EmptyKeySkip {
-		panic(fmt.Sprintf("grpclimit: WithEmptyKey(%v): want EmptyKeyShared, EmptyKeyDeny or EmptyKeySkip", e))
+	if e < EmptyKeyShared || e > EmptyKeyReject {
+		panic(fmt.Sprintf("grpclimit: WithEmptyKey(%v): want EmptyKeyShared, EmptyKeySkip or EmptyKeyReject", e))
 	}
 	return func(o *options) { o.emptyKey = e }
+}
+
+// WithOutageRetryAfter sets the retry delay stated with a call refused
+// because Redis is unreachable and the limit fails closed (codes.Unavailable).
+// Without it, hybrid.DefaultOutageRetryAfter (5s), as the HTTP Middleware
+// states: gRPC retry policies commonly retry UNAVAILABLE, and a delay of a
+// renewal tick would have clients hammer an outage. Zero or less states the
+// limiter's own (its tick).
+func WithOutageRetryAfter(d time.Duration) Option {
+	return func(o *options) { o.outage = d }
 }
 
 // UnaryServerInterceptor returns a unary server interceptor that admits each
@@ -178,7 +192,7 @@ func newChecker(l *hybrid.Limiter, limit string, key KeyFunc, opts []Option) *ch
 	if key == nil {
 		panic("grpclimit: nil KeyFunc")
 	}
-	c := &checker{l: l, limit: limit, key: key}
+	c := &checker{l: l, limit: limit, key: key, options: options{outage: hybrid.DefaultOutageRetryAfter}}
 	for _, o := range opts {
 		o(&c.options)
 	}
@@ -194,7 +208,7 @@ func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, er
 	key := c.key(ctx, fullMethod)
 	if key == "" {
 		switch c.emptyKey {
-		case EmptyKeyDeny:
+		case EmptyKeyReject:
 			return nil, status.Error(codes.Unauthenticated, "grpclimit: no rate-limit key for this call")
 		case EmptyKeySkip:
 			return nil, nil
@@ -205,6 +219,9 @@ func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, er
 		n = c.cost(ctx, fullMethod)
 	}
 	d, err := c.l.AllowN(ctx, c.limit, key, n)
+	if err == nil && d.Source == hybrid.SourceFailClosed && c.outage > 0 {
+		d.RetryAfter = c.outage
+	}
 	return refusal(c.limit, n, d, err)
 }
 

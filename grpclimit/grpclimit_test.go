@@ -262,7 +262,7 @@ func TestRefusals(t *testing.T) {
 		{name: "cost 0", limit: "api", key: "k", opts: []grpclimit.Option{cost(0)}, code: codes.Internal},
 		{name: "unknown limit", limit: "nope", key: "k", code: codes.Internal},
 		{name: "closed limiter", limit: "api", key: "k", close: true, code: codes.Unavailable},
-		{name: "empty key denied", limit: "api", opts: []grpclimit.Option{grpclimit.WithEmptyKey(grpclimit.EmptyKeyDeny)}, code: codes.Unauthenticated},
+		{name: "empty key denied", limit: "api", opts: []grpclimit.Option{grpclimit.WithEmptyKey(grpclimit.EmptyKeyReject)}, code: codes.Unauthenticated},
 	} {
 		for _, m := range methods {
 			t.Run(tc.name+"/"+m.name, func(t *testing.T) {
@@ -375,7 +375,7 @@ func TestEmptyKey(t *testing.T) {
 		codes []codes.Code // of three calls without a key
 	}{
 		{grpclimit.EmptyKeyShared, []codes.Code{codes.OK, codes.ResourceExhausted, codes.ResourceExhausted}},
-		{grpclimit.EmptyKeyDeny, []codes.Code{codes.Unauthenticated, codes.Unauthenticated, codes.Unauthenticated}},
+		{grpclimit.EmptyKeyReject, []codes.Code{codes.Unauthenticated, codes.Unauthenticated, codes.Unauthenticated}},
 		{grpclimit.EmptyKeySkip, []codes.Code{codes.OK, codes.OK, codes.OK}},
 	} {
 		for _, m := range methods {
@@ -398,7 +398,9 @@ func TestEmptyKey(t *testing.T) {
 
 // TestFailClosed: while Redis is down, a FailClosed limit answers
 // Unavailable with a retry delay, not ResourceExhausted, so a client can
-// tell an outage from its own excess.
+// tell an outage from its own excess; the delay is
+// hybrid.DefaultOutageRetryAfter, or WithOutageRetryAfter's, so that
+// clients do not retry an outage every tick.
 func TestFailClosed(t *testing.T) {
 	srv := redistest.Start(t)
 	l := newLimiter(t, hybrid.Config{
@@ -408,6 +410,7 @@ func TestFailClosed(t *testing.T) {
 		},
 	})
 	s := both(t, l, "login")
+	custom := both(t, l, "login", grpclimit.WithOutageRetryAfter(time.Minute))
 	for _, m := range methods {
 		if a := m.call(t, s, as(t, "alice")); a.code != codes.OK {
 			t.Fatalf("%s with Redis up: %v, want OK", m.name, a.code)
@@ -428,7 +431,13 @@ func TestFailClosed(t *testing.T) {
 		if a.code != codes.Unavailable {
 			t.Fatalf("%s with Redis down: %v, want Unavailable", m.name, a.code)
 		}
-		checkRetry(t, a, time.Second)
+		checkRetry(t, a, hybrid.DefaultOutageRetryAfter)
+		if a.retryInfo != hybrid.DefaultOutageRetryAfter {
+			t.Errorf("%s: retry delay %v of a fail-closed outage; want %v", m.name, a.retryInfo, hybrid.DefaultOutageRetryAfter)
+		}
+		if a := m.call(t, custom, as(t, "alice")); a.code != codes.Unavailable || a.retryInfo != time.Minute {
+			t.Errorf("%s with WithOutageRetryAfter(1m): %v after %v; want Unavailable after 1m", m.name, a.code, a.retryInfo)
+		}
 	}
 }
 

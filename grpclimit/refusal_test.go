@@ -73,7 +73,7 @@ func TestRefusal(t *testing.T) {
 func TestEmptyKeyString(t *testing.T) {
 	for e, want := range map[EmptyKey]string{
 		EmptyKeyShared: "shared",
-		EmptyKeyDeny:   "deny",
+		EmptyKeyReject: "reject",
 		EmptyKeySkip:   "skip",
 		EmptyKey(9):    "EmptyKey(9)",
 	} {

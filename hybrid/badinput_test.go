@@ -277,3 +277,24 @@ func TestLogsNeverCarryAKey(t *testing.T) {
 		t.Errorf("a log line carries a key:\n%s", out)
 	}
 }
+
+// TestCostAboveTheShareOfTheBurstIsNotNever: a Hybrid request of n tokens,
+// n within the limit's burst but above this instance's part of it, is
+// denied with a wait of a renewal, not Never: that part follows the key's
+// lease, which may grow. (Never would tell clients not to retry, and the
+// Middleware would state no Retry-After.) Only n above the whole burst is
+// never admitted.
+func TestCostAboveTheShareOfTheBurstIsNotNever(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Members: membership.NewStatic("a", 4), Limits: []hybrid.Limit{
+		{Name: "api", Rate: 100, Burst: 8, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
+	}})
+	ctx := context.Background()
+	d, err := l.AllowN(ctx, "api", "k", 4) // the default share's burst is 8/4 = 2
+	if err != nil || d.Allowed || d.RetryAfter == hybrid.Never || d.RetryAfter <= 0 || d.RetryAfter > time.Second {
+		t.Errorf("AllowN(4) with a share of 2 of a burst of 8: %+v, %v; want a denial to look again within a renewal", d, err)
+	}
+	if d, err := l.AllowN(ctx, "api", "k", 9); !errors.Is(err, hybrid.ErrExceedsBurst) || d.RetryAfter != hybrid.Never {
+		t.Errorf("AllowN(9) with a burst of 8: %+v, %v; want Never and ErrExceedsBurst", d, err)
+	}
+}

@@ -272,18 +272,7 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 	case Local:
 		d = fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal)
 	case Hybrid:
-		r := ls.loc.AllowN(time.Now(), key, n)
-		switch {
-		case r.Assigned:
-			d = fromLocal(r, SourceLease)
-		case (!ls.degraded.Load() && !r.Flagged) || ls.OnOutage == FailLocal:
-			// A key before its first lease, or FailLocal. (Flagged: this
-			// key's last lease request failed, for example its Cluster
-			// node is down, while the rest of the limit is fine.)
-			d = fromLocal(r, SourceLocal)
-		default:
-			d = l.policy(ls)
-		}
+		d = l.hybrid(ls, key, n)
 	case Global:
 		var err error
 		if d, err = l.global(ctx, ls, key, n); err != nil {
@@ -297,6 +286,30 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 		return shadowed(d), nil
 	}
 	return d, nil
+}
+
+// hybrid decides n tokens of key under the Hybrid limit ls, in process.
+func (l *Limiter) hybrid(ls *limitEntry, key string, n int) Decision {
+	r := ls.loc.AllowN(time.Now(), key, n)
+	var d Decision
+	switch {
+	case r.Assigned:
+		d = fromLocal(r, SourceLease)
+	case (!ls.degraded.Load() && !r.Flagged) || ls.OnOutage == FailLocal:
+		// A key before its first lease, or FailLocal. (Flagged: this
+		// key's last lease request failed, for example its Cluster node is
+		// down, while the rest of the limit is fine.)
+		d = fromLocal(r, SourceLocal)
+	default:
+		return l.policy(ls)
+	}
+	if d.RetryAfter == Never && !ls.degraded.Load() {
+		// n is within the limit's burst (AllowN checked) but above this
+		// instance's part of it: that part follows the key's lease, which
+		// a renewal may grow, so look again after one rather than never.
+		d.RetryAfter = l.cfg.ContendedTTL / renewDivisor
+	}
+	return d
 }
 
 // shadowed is the admission a limit in shadow mode makes of denial d.

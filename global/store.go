@@ -145,6 +145,34 @@ func isRedisError(err error) bool {
 	return errors.As(err, &rerr) && !errors.Is(err, redis.ErrClosed)
 }
 
+// probeSHA is the SHA-1 of a script no one loads: Check asks Redis to run
+// it, and Redis answers NOSCRIPT to a client that may run scripts.
+const probeSHA = "0000000000000000000000000000000000000000"
+
+// Check tells, in one pipeline, whether Redis answers this client and lets
+// it run scripts: it sends PING and an EVALSHA of a script Redis does not
+// have, whose expected answer is NOSCRIPT. It returns nil then; otherwise
+// PING's error (the connection, the context, WRONGPASS), or the EVALSHA's
+// refusal, such as NOPERM for an ACL user without the right to run scripts.
+func (s *Store) Check(ctx context.Context) error {
+	pipe := s.rdb.Pipeline()
+	ping := pipe.Ping(ctx)
+	probe := pipe.EvalSha(ctx, probeSHA, nil)
+	_, err := pipe.Exec(ctx)
+	if ping.Val() != "PONG" {
+		// A connection that failed as it was set up (a refused password)
+		// leaves the commands without a reply or an error of their own.
+		if perr := ping.Err(); perr != nil {
+			return perr
+		}
+		return err
+	}
+	if err := probe.Err(); err != nil && !isNoScript(err) {
+		return err
+	}
+	return nil
+}
+
 // Ping sends one PING through a pipeline (the part of a client Rediser
 // covers) and returns its error: nil when Redis answered. On a Cluster, any
 // node's answer will do.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 )
@@ -93,5 +95,29 @@ func TestKeysThatWouldMoveTheHashTagAreHashed(t *testing.T) {
 	}
 	if got := store.LeaseKey("api", "plain"); got != "p:{api:plain}" {
 		t.Errorf("a plain key is named %q; want it as it is", got)
+	}
+}
+
+// TestCheck: Check is nil for a client Redis answers and lets run scripts,
+// and an error for one it does not let run them, and for no server.
+func TestCheck(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	if err := global.New(srv.Client(t), "").Check(ctx); err != nil {
+		t.Fatalf("Check as the default user: %v", err)
+	}
+	if err := srv.Client(t).Do(ctx, "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "+@all", "-@scripting").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "noscripts", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := global.New(rdb, "").Check(ctx); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("Check as a user who may not run scripts: %v; want NOPERM", err)
+	}
+	srv.Kill(t)
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := global.New(srv.Client(t), "").Check(cctx); err == nil {
+		t.Error("Check with the server killed: nil, want an error")
 	}
 }

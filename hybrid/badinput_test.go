@@ -148,8 +148,16 @@ func TestRedisCredentials(t *testing.T) {
 		{"right password", "", "right", true},
 		{"wrong password", "", "wrong", false},
 		{"no password", "", "", false},
+		{"a user who may not run scripts", "noscripts", "pw", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.user != "" {
+				admin := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "right"})
+				t.Cleanup(func() { _ = admin.Close() })
+				if err := admin.Do(context.Background(), "ACL", "SETUSER", tc.user, "on", ">"+tc.pw, "~*", "+@all", "-@scripting").Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: tc.user, Password: tc.pw})
 			t.Cleanup(func() { _ = rdb.Close() })
 			l, err := hybrid.New(hybrid.Config{Redis: rdb, Limits: limits})

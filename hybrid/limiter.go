@@ -192,7 +192,8 @@ func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
 // lookup returns the named limit as configured now, or nil.
 func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().byName[limit] }
 
-// checkCredentials pings Redis once, within RedisTimeout, so that a wrong
+// checkCredentials checks Redis once (Store.Check: a PING and a script
+// probe), within RedisTimeout, so that a wrong
 // password, a user without the rights to run scripts, or a server
 // certificate that fails the client's TLS verification (unknown CA, wrong
 // name, expired) is a clear error at New: they are configuration, which
@@ -202,7 +203,7 @@ func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().byName[
 func checkCredentials(cfg Config, st store) (unreachable, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.RedisTimeout)
 	defer cancel()
-	err = st.Ping(ctx)
+	err = st.Check(ctx)
 	if err == nil {
 		return nil, nil
 	}

@@ -14,6 +14,7 @@ type store interface {
 	Lease(ctx context.Context, reqs []global.LeaseRequest, out []global.Lease) error
 	TakeN(ctx context.Context, limit, key string, rate float64, burst, n int) (global.Take, error)
 	Ping(ctx context.Context) error
+	Check(ctx context.Context) error
 }
 
 var _ store = (*global.Store)(nil)

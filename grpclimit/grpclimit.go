@@ -34,42 +34,26 @@ const longestWait = 24 * time.Hour
 // says. A KeyFunc is called once per call, concurrently.
 type KeyFunc func(ctx context.Context, fullMethod string) string
 
-// EmptyKey says what the interceptors do with a call whose key is empty. The
-// zero value is EmptyKeyShared.
-type EmptyKey int
+// EmptyKey says what the interceptors do with a call whose key is empty:
+// the same choices as the HTTP Middleware's, hybrid.EmptyKey. The zero value
+// is EmptyKeyShared.
+type EmptyKey = hybrid.EmptyKey
 
 const (
 	// EmptyKeyShared limits all calls without a key under one shared key,
 	// the empty string: callers that cannot be told apart share one bucket,
 	// so they can neither bypass the limit nor be turned away outright. It
 	// is the default.
-	EmptyKeyShared EmptyKey = iota
+	EmptyKeyShared = hybrid.EmptyKeyShared
 	// EmptyKeySkip admits calls without a key without taking a decision, so
 	// a KeyFunc can leave calls unlimited by returning "". Beware of a
 	// KeyFunc that returns "" for something a client controls (a missing
 	// header): such clients are never limited.
-	EmptyKeySkip
+	EmptyKeySkip = hybrid.EmptyKeySkip
 	// EmptyKeyReject refuses calls without a key with codes.Unauthenticated,
 	// without taking a decision.
-	EmptyKeyReject
+	EmptyKeyReject = hybrid.EmptyKeyReject
 )
-
-// The choices and their order are those of hybrid.EmptyKey, the HTTP
-// Middleware's.
-
-// String returns the name of e without its prefix: "shared", "skip" or
-// "reject".
-func (e EmptyKey) String() string {
-	switch e {
-	case EmptyKeyShared:
-		return "shared"
-	case EmptyKeySkip:
-		return "skip"
-	case EmptyKeyReject:
-		return "reject"
-	}
-	return fmt.Sprintf("EmptyKey(%d)", int(e))
-}
 
 // Option sets an optional behaviour of the interceptors.
 type Option func(*options)

@@ -418,15 +418,13 @@ func (e *engine) renewAll(now time.Time) {
 func (e *engine) drop(now time.Time, n int, calls []call) []call {
 	for k, le := range e.keys {
 		if le.state != stateDefault {
-			calls = append(calls, e.release(k, n))
 			e.shares.Unassign(now, k)
 		}
 		if le.failed {
 			e.shares.SetFlag(k, false)
 		}
 	}
-	clear(e.keys)
-	return calls
+	return e.releaseAll(n, calls)
 }
 
 // releaseAll appends the release of every lease Redis may hold and forgets

@@ -187,13 +187,14 @@ func (l *Limiter) apply(now time.Time, n int, e *limitEntry, b *batch) {
 }
 
 // retire adds to b the releases of every lease of e, a limit SetLimits
-// removed, and forgets its keys.
+// removed or one the Limiter closes, and forgets its keys.
 func (l *Limiter) retire(n int, e *limitEntry, b *batch) {
 	if e.eng != nil {
 		b.add(e, e.eng.releaseAll(n, b.calls[:0]))
 		e.eng = nil
 	}
 	e.failing.Store(0)
+	e.m.leasedRate.Set(0)
 	// Every key is idle as seen from this far ahead.
 	e.loc.EvictIdle(time.Now().Add(math.MaxInt64), 0, nil)
 }
@@ -356,15 +357,8 @@ func (l *Limiter) releaseAll(ctx context.Context) error {
 	n := l.members.Count()
 	// Limits SetLimits removed or changed since the last tick first.
 	set := l.reconcile(time.Now(), n, &b)
-	// Every key is idle as seen from this far ahead.
-	far := time.Now().Add(math.MaxInt64)
 	for _, ls := range set.order {
-		if ls.eng != nil {
-			b.add(ls, ls.eng.releaseAll(n, b.calls[:0]))
-		}
-		ls.failing.Store(0)
-		ls.loc.EvictIdle(far, 0, nil)
-		ls.m.leasedRate.Set(0)
+		l.retire(n, ls, &b)
 	}
 	if len(b.reqs) == 0 {
 		return nil

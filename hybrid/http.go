@@ -33,12 +33,17 @@ func (l *Limiter) Quota(limit string) (Quota, error) {
 	if ls == nil {
 		return Quota{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
 	}
+	return ls.quota(), nil
+}
+
+// quota is the policy ls advertises now.
+func (ls *limitEntry) quota() Quota {
 	q := Quota{Rate: ls.Rate, Burst: ls.Burst, Degraded: ls.degraded.Load(), Shadow: ls.Shadow}
 	if q.Degraded && ls.OnOutage == FailLocal {
 		s := ls.loc.Default()
 		q.Rate, q.Burst = float64(s.Limit), s.Burst
 	}
-	return q, nil
+	return q
 }
 
 var (
@@ -245,16 +250,19 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.cost != nil {
 		n = m.cost(r)
 	}
-	d, err := m.l.AllowN(r.Context(), m.limit, key, n)
-	if err != nil && !errors.Is(err, ErrExceedsBurst) {
-		m.fail(w, r, err)
-		return
-	}
-	q, err := m.l.Quota(m.limit)
+	// One lookup: the decision and the headers are of the same limit, even
+	// while SetLimits changes it.
+	ls, err := m.l.entry(m.limit)
 	if err != nil {
 		m.fail(w, r, err)
 		return
 	}
+	d, err := m.l.decide(r.Context(), ls, key, n)
+	if err != nil && !errors.Is(err, ErrExceedsBurst) {
+		m.fail(w, r, err)
+		return
+	}
+	q := ls.quota()
 	if !q.Shadow {
 		WriteHeaders(w.Header(), m.limit, q, d)
 	}

@@ -103,7 +103,8 @@ type limitState struct {
 // error wrapping ErrConfig, naming the limit and what to fix, if cfg is
 // invalid. The first leases are requested on the first tick, and decisions
 // made before then use the default share. When a Redis client is configured
-// New pings it once, within RedisTimeout, so that refused credentials are an
+// New checks it once (a PING and a probe of the right to run scripts),
+// within RedisTimeout, so that refused credentials are an
 // error here, and so is a server TLS certificate the client reports it
 // cannot verify (the error wraps the *tls.CertificateVerificationError); an
 // unreachable Redis is not: every limit that uses Redis then starts
@@ -242,13 +243,28 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // A limit changed by SetLimits decides by its new Limit from the moment
 // SetLimits returns; a removed one returns ErrUnknownLimit.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
+	ls, err := l.entry(limit)
+	if err != nil {
+		return Decision{}, err
+	}
+	return l.decide(ctx, ls, key, n)
+}
+
+// entry returns the named limit as configured now, ErrClosed after Close,
+// or ErrUnknownLimit.
+func (l *Limiter) entry(limit string) (*limitEntry, error) {
 	if l.closed.Load() {
-		return Decision{}, ErrClosed
+		return nil, ErrClosed
 	}
 	ls := l.lookup(limit)
 	if ls == nil {
-		return Decision{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
+		return nil, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
 	}
+	return ls, nil
+}
+
+// decide is AllowN under the limit ls.
+func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int) (Decision, error) {
 	if n < 1 {
 		return Decision{}, fmt.Errorf("%w: got %d", ErrInvalidN, n)
 	}
@@ -266,7 +282,7 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decisio
 		if ls.Shadow {
 			return shadowed(d), nil
 		}
-		return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, limit, n, ls.Burst)
+		return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, ls.Name, n, ls.Burst)
 	}
 	var d Decision
 	switch ls.Mode {

@@ -13,7 +13,7 @@ import (
 // that its want is not mostly noise.
 const (
 	demandTokens  = 20
-	demandSamples = 32
+	demandSamples = 8
 )
 
 // demandWindow measures one key's demand from its Attempted counter, sampled
@@ -41,6 +41,11 @@ func (w *demandWindow) open(created time.Time) {
 func (w *demandWindow) record(t time.Time, attempted int64) {
 	w.samples[w.next] = sample{at: t, attempted: attempted}
 	w.next = (w.next + 1) % demandSamples
+}
+
+// lastAt is when the latest sample was recorded.
+func (w *demandWindow) lastAt() time.Time {
+	return w.samples[(w.next-1+demandSamples)%demandSamples].at
 }
 
 // rate is the key's recent demand in tokens per second at now: measured

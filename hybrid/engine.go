@@ -69,21 +69,40 @@ const (
 	renewDivisor = 2
 )
 
-// keyState is where one key's lease stands on this instance.
+// keyState is where one key stands on this instance: its placement
+// (share, lease or exact) and, for a lease, how far its request got.
 type keyState uint8
 
 const (
-	// stateDefault: no lease asked for; the key runs its default share. A
-	// new key, or one that went idle and let its lease go.
+	// stateDefault is the share placement: the key runs its default share
+	// and Redis holds no record of it, counting it at that share. A new key
+	// of a limit with split bursts, or one whose record was released.
 	stateDefault keyState = iota
 	// stateAsking: a lease was asked for and no grant has been in force
-	// since: the first answer is on its way, was lost, or failed.
+	// since: the first answer is on its way, was lost, or failed. The key
+	// runs what it ran before asking, and says so in every request, so
+	// that Redis counts it at that even if an answer is lost.
 	stateAsking
 	// stateHeld: a grant is in force until lease.until.
 	stateHeld
-	// stateLapsed: the last grant ran out before a renewal was answered;
-	// the key runs its default share, or its outage policy if flagged.
+	// stateLapsed: the last grant ran out before a renewal was answered.
+	// The key runs the smaller of that grant and its default share (Redis
+	// counts it at the grant until its record ends, and at the default
+	// share after that), or its outage policy while the limit is degraded.
 	stateLapsed
+	// stateReleasing: the key went idle and its record's release is on its
+	// way. It runs as lapsed until the release is acknowledged: only then
+	// may it go back to its default share.
+	stateReleasing
+	// stateYielded: at a peer's ask the key gave up its default share
+	// above lease.granted (lowered here first), and records that in Redis,
+	// renewing the record while peers ask. It goes back to its default
+	// share only after the record has certainly ended, or asks for a lease
+	// when its own demand grows (raise only after a grant).
+	stateYielded
+	// stateExact: every decision is one script against the key's pool in
+	// Redis, with a deny cache; the key's default share went to the pool.
+	stateExact
 )
 
 func (s keyState) String() string {
@@ -96,48 +115,105 @@ func (s keyState) String() string {
 		return "held"
 	case stateLapsed:
 		return "lapsed"
+	case stateReleasing:
+		return "releasing"
+	case stateYielded:
+		return "yielded"
+	case stateExact:
+		return "exact"
 	}
 	return fmt.Sprintf("keyState(%d)", int(s))
 }
 
-// lease is this instance's view of one key's rate lease.
+// lease is this instance's view of one key's record in Redis.
 type lease struct {
 	state keyState
 	// failed: the last request for this key failed on its own. Orthogonal
 	// to state: a held grant stays in force until it ends, and the key is
-	// flagged so that it follows the outage policy after that.
+	// flagged.
 	failed bool
 	// The last grant: its rate and this instance's fair share, both in
 	// tokens per second, and whether the key's instances want more than its
-	// rate (contended).
+	// rate (contended). A yielded key's granted is what it kept.
 	granted, fair float64
 	contended     bool
 	stable        int       // contended renewals in a row that changed nothing
-	until         time.Time // local end of the grant
-	renewAt       time.Time // when the next renewal is due
+	until         time.Time // local end of the grant (yielded: of the record, certainly)
+	renewAt       time.Time // when the next request is due
+	askedAt       time.Time // yielded: when a peer last asked; held: when this instance last asked its peers
 	lastWant      float64   // the want of the last request
 	sentAt        time.Time // when the last request went out
 	attemptedAt   int64     // the key's Attempted counter at sentAt
+	returning     bool      // releasing: the release was acknowledged; the key returns to its default share at until
+	deniedAt      int64     // the key's Denied counter when last looked at
+	demandNow     float64   // share placement: the demand last measured, at most a second ago
 	demand        demandWindow
 }
 
 // settled reports whether the key's contended share has stopped moving.
 func (le *lease) settled() bool { return le.stable >= settleAfter }
 
+// running is what the key runs now, which its requests say until their
+// answer is in force: the grant while held, the smaller of the grant and
+// the default share def once lapsed, what it kept when yielded, and the
+// default share otherwise (a key asking from the share placement).
+func (le *lease) running(def float64) (r float64, held bool) {
+	switch le.state {
+	case stateHeld:
+		return le.granted, true
+	case stateLapsed, stateReleasing:
+		return min(le.granted, def), true
+	case stateYielded:
+		return le.granted, true
+	}
+	return def, false
+}
+
 // keyShares puts the engine's decisions into force in the keys' local
 // limiters. *local.Limiter implements it.
 type keyShares interface {
 	Assign(t time.Time, key string, s local.Share, until time.Time) bool
+	AssignNew(t time.Time, key string, s local.Share, until time.Time) bool
 	Unassign(t time.Time, key string) bool
 	SetFlag(key string, on bool) bool
+	SetMark(key string, m uint8) bool
 }
+
+// markExact is the local mark of a key in the exact placement: its
+// decisions go to Redis.
+const markExact uint8 = 1
+
+// Thresholds of the placement policy.
+const (
+	// yieldBelow: a key in the share placement gives up its default share
+	// when a peer asks only if its demand (with headroom) is below this
+	// part of that share; an instance that needs its share keeps it.
+	yieldBelow = 0.5
+	// yieldLife is a yield record's lifetime in UncontendedTTLs: longer
+	// than any lease granted against it, since Redis counts a record that
+	// ends before a new lease would at the default share (its instance may
+	// go back to that share when it ends). It renews at a third of it
+	// while peers keep asking.
+	yieldLife = 2
+	// exactBurstBelow: a contended grant whose part of the burst is below
+	// this many tokens splits the burst too finely (requests sprayed over
+	// the instances near the limit are cut at a token or two per
+	// instance): the key moves to the exact placement, unless its demand
+	// here is above exactDemandUpTo times its fair share, where a lease
+	// admits as well for far fewer commands.
+	exactBurstBelow  = 3
+	exactDemandUpTo  = 3
+	exactLeaveBelow  = 0.5 // an exact key whose demand falls below this part of its default share leaves the exact placement
+	exactLeaseAbove  = 4.0 // ... and so does one whose demand is above this many default shares, for a lease
+	askPeersAfterGap = 0.9 // a held key asks its peers to yield when its grant is below this part of its want
+)
 
 // timings are the lease loop's periods, see Config.
 type timings struct {
-	tick, contendedTTL, uncontendedTTL time.Duration
+	tick, contendedTTL, uncontendedTTL, redisTimeout time.Duration
 }
 
-// engine is the lease policy of one Hybrid limit. It is not safe for
+// engine is the placement policy of one Hybrid limit. It is not safe for
 // concurrent use: the loop goroutine owns it.
 type engine struct {
 	limit, instance string
@@ -148,6 +224,10 @@ type engine struct {
 
 	keys map[string]*lease
 	size shrink.Tracker // of keys
+	asks []string       // keys to ask the peers to yield, gathered at a tick
+	// degraded: Redis is taken to be unreachable; exact keys go back to
+	// their default share, for the outage policy. Set by the loop.
+	degraded bool
 }
 
 func newEngine(limit Limit, instance string, t timings, shares keyShares) *engine {
@@ -157,11 +237,21 @@ func newEngine(limit Limit, instance string, t timings, shares keyShares) *engin
 	}
 }
 
-// call is one lease request the engine wants sent, with the lease it is for
-// (nil for a release, which needs no answer).
+// callKind says what a call asks of Redis.
+type callKind uint8
+
+const (
+	callLease   callKind = iota // ask for, renew or shrink a lease
+	callYield                   // record a yield
+	callRelease                 // release the key's record; lease set: the key waits for the ack
+)
+
+// call is one request the engine wants sent, with the lease it is for
+// (nil for a release nothing waits on).
 type call struct {
 	req   global.LeaseRequest
 	lease *lease
+	kind  callKind
 }
 
 // tickStats sums up a limit's leases at a tick, for its gauges.
@@ -171,35 +261,44 @@ type tickStats struct {
 	expired   int     // grants that ran out since the last tick
 }
 
-// request builds the lease request of one key. Instances that hold no lease
-// on the key yet are counted at rate/N for UncontendedTTL after its lease
-// hash is created (or re-created, after a FLUSHALL or a restart): every live
-// instance renews within half that, so none can be running on a share Redis
-// does not know of by then.
+// request builds the request of one key: n is N-hat, the largest recent
+// instance count, by which Redis counts the instances that hold no record.
 func (e *engine) request(key string, want float64, n int, ttl time.Duration) global.LeaseRequest {
 	return global.LeaseRequest{
 		Limit: e.limit, Key: key, Instance: e.instance,
-		Want: want, Rate: e.rate, Instances: n, TTL: ttl, Cold: e.t.uncontendedTTL,
+		Want: want, Rate: e.rate, Instances: n, TTL: ttl,
+		MaxTTL: e.t.uncontendedTTL * yieldLife,
 	}
 }
 
-// release builds the request that gives key's lease back.
-func (e *engine) release(key string, n int) call {
-	return call{req: e.request(key, 0, n, e.t.contendedTTL)}
+// release builds the request that gives key's record back; le, if set,
+// waits for its acknowledgement.
+func (e *engine) release(key string, n int, le *lease) call {
+	return call{req: e.request(key, 0, n, e.t.contendedTTL), lease: le, kind: callRelease}
+}
+
+// share is the local share of a rate r: its burst in proportion, rounded
+// down.
+func (e *engine) share(r float64) local.Share {
+	return local.Share{Limit: rate.Limit(r), Burst: int(float64(e.burst) * r / e.rate)}
 }
 
 // collect appends to calls the requests due at now for the keys in stats
-// (a snapshot of the limit's keys), n being the live instance count, and
-// returns them with the limit's gauges.
+// (a snapshot of the limit's keys), n being N-hat, and returns them with
+// the limit's gauges. The keys to ask the peers about are in e.asks.
 func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []call) ([]call, tickStats) {
 	var ts tickStats
 	def := e.rate / float64(n)
+	e.asks = e.asks[:0]
 	for i := range stats {
 		st := &stats[i]
 		le := e.keys[st.Key]
 		if le == nil {
 			le = &lease{sentAt: st.Created}
 			le.demand.open(st.Created)
+			if st.Mark == markExact {
+				le.state = stateExact
+			}
 			e.keys[st.Key] = le
 		}
 		if le.state == stateHeld && !now.Before(le.until) {
@@ -212,29 +311,128 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 				ts.contended++
 			}
 		}
-		if !e.due(now, st, le, def) {
-			continue
-		}
-		if le.state != stateDefault && now.Sub(st.LastSeen) >= e.t.uncontendedTTL/renewDivisor {
-			calls = e.idle(now, n, st, le, calls)
-			continue
-		}
-		calls = append(calls, call{req: e.renewal(now, n, st, le, def), lease: le})
+		calls = e.step(now, n, def, st, le, calls)
 	}
 	e.size.Grew(len(e.keys))
 	return calls, ts
 }
 
-// due reports whether key's lease request is due at now: a key without a
-// lease asks as soon as it sees decisions, a leased one renews on schedule,
+// step appends the requests due at now for one key.
+func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
+	denied := st.Denied > le.deniedAt
+	le.deniedAt = st.Denied
+	switch le.state {
+	case stateDefault:
+		// The share placement costs nothing while the key's demand fits
+		// its share: it asks only once that share turned requests away.
+		if !denied {
+			if now.Sub(le.demand.lastAt()) >= time.Second {
+				le.demandNow = le.demand.rate(now, st, def)
+				le.demand.record(now, st.Attempted)
+			}
+			return calls
+		}
+		e.asks = append(e.asks, st.Key)
+		return append(calls, e.leaseCall(now, n, def, st, le))
+	case stateYielded:
+		return e.stepYielded(now, n, def, st, le, denied, calls)
+	case stateReleasing:
+		switch {
+		case le.returning && !now.Before(le.until):
+			// Released, and every lease granted while Redis counted this
+			// instance lower has ended.
+			le.state, le.returning = stateDefault, false
+			e.shares.Unassign(now, st.Key)
+		case !le.returning && !now.Before(le.renewAt):
+			le.renewAt = now.Add(e.t.tick)
+			return append(calls, e.release(st.Key, n, le))
+		}
+		return calls
+	case stateExact:
+		if e.degraded {
+			le.state = stateDefault
+			e.shares.SetMark(st.Key, 0)
+			e.shares.Unassign(now, st.Key)
+			return calls
+		}
+		return e.stepExact(now, n, def, st, le, calls)
+	}
+	// Asking, held or lapsed.
+	if !e.due(now, st, le, def) {
+		return calls
+	}
+	if now.Sub(st.LastSeen) >= e.t.uncontendedTTL/renewDivisor {
+		return e.idle(now, n, st, le, calls)
+	}
+	c := e.leaseCall(now, n, def, st, le)
+	if le.state == stateHeld && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
+		e.asks = append(e.asks, st.Key)
+	}
+	return append(calls, c)
+}
+
+// stepYielded renews a yielded key's record while its peers ask, lets it
+// go back to its default share once the record has certainly ended, and
+// asks for a lease when its own demand outgrows what it kept.
+func (e *engine) stepYielded(now time.Time, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
+	life := e.t.uncontendedTTL * yieldLife
+	switch {
+	case denied && now.Sub(le.sentAt) > 0:
+		// Raise only after a grant: it keeps what it kept until then.
+		return append(calls, e.leaseCall(now, n, def, st, le))
+	case now.Sub(le.askedAt) < life/2:
+		if !now.Before(le.renewAt) {
+			le.renewAt = now.Add(e.t.tick) // until answered
+			le.sentAt = now
+			req := e.request(st.Key, le.granted, n, life)
+			req.Yield, req.Running, req.RunningFor, req.Held = true, le.granted, life, true
+			return append(calls, call{req: req, lease: le, kind: callYield})
+		}
+	case !now.Before(le.renewAt):
+		// Nobody asks any more: release the record, and go back to the
+		// default share once that is acknowledged and every lease granted
+		// against the record has ended.
+		le.state, le.renewAt = stateReleasing, now.Add(e.t.tick)
+		return append(calls, e.release(st.Key, n, le))
+	}
+	return calls
+}
+
+// stepExact moves an exact key back to its share when its demand falls
+// well below it, or asks for a lease when its demand is far above it.
+func (e *engine) stepExact(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
+	if now.Before(le.renewAt) {
+		return calls
+	}
+	d := le.demand.rate(now, st, def)
+	le.demand.record(now, st.Attempted)
+	le.renewAt = now.Add(e.t.contendedTTL / renewDivisor)
+	if now.Sub(st.LastSeen) < e.t.uncontendedTTL/renewDivisor && d*headroom >= def*exactLeaveBelow && d <= def*exactLeaseAbove {
+		return calls
+	}
+	// Idle, or so light that its share serves it, or so heavy that a
+	// lease would: leave through the share placement. Lower first: the
+	// key decides nothing until the release is acknowledged, which is
+	// sent once any exact decision still on its way has ended (a take
+	// after the release would record the key as exact again).
+	e.shares.SetMark(st.Key, 0)
+	e.shares.Assign(now, st.Key, local.Share{}, now.Add(e.t.uncontendedTTL))
+	le.state, le.renewAt = stateReleasing, now.Add(e.t.redisTimeout+e.t.tick)
+	return calls
+}
+
+// leaseCall builds the lease request of a key and records it as sent.
+func (e *engine) leaseCall(now time.Time, n int, def float64, st *local.KeyStats, le *lease) call {
+	return call{req: e.renewal(now, n, st, le, def), lease: le}
+}
+
+// due reports whether a leased key's request is due at now: on schedule,
 // or early when its demand moved far from its grant.
 func (e *engine) due(now time.Time, st *local.KeyStats, le *lease, def float64) bool {
 	elapsed := now.Sub(le.sentAt)
 	switch {
 	case elapsed <= 0:
 		return false
-	case le.state == stateDefault:
-		return st.Attempted > le.attemptedAt
 	case !now.Before(le.renewAt):
 		return true
 	case elapsed < earlyEvery*e.t.tick:
@@ -252,20 +450,14 @@ func (e *engine) due(now time.Time, st *local.KeyStats, le *lease, def float64) 
 	return false
 }
 
-// idle stops renewing a key that has gone idle: a contended key gives its
-// share back at once, for the others; an uncontended one lets its lease run
-// out, which costs no command. The key runs its default share again, and
-// asks anew when it is used.
+// idle stops renewing a key that has gone idle and releases its record.
+// The key runs the smaller of its grant and its default share until the
+// release is acknowledged: Redis may hold a smaller record of it until then.
 func (e *engine) idle(now time.Time, n int, st *local.KeyStats, le *lease, calls []call) []call {
-	if le.contended {
-		calls = append(calls, e.release(st.Key, n))
-	}
-	le.state, le.granted = stateDefault, 0
-	// Decisions since the last request are not news: the key asks again
-	// only for decisions after this.
+	le.state, le.renewAt = stateReleasing, now.Add(e.t.tick)
+	// Decisions since the last request are not news.
 	le.attemptedAt = st.Attempted
-	e.shares.Unassign(now, st.Key)
-	return calls
+	return append(calls, e.release(st.Key, n, le))
 }
 
 // renewal builds the lease request of a due key and records it as sent at
@@ -285,10 +477,17 @@ func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, de
 		ttl = min(e.t.contendedTTL<<doublings, e.t.uncontendedTTL)
 	}
 	req := e.request(st.Key, want, n, ttl)
-	if le.state == stateHeld {
-		// Until the answer arrives (if ever) this grant stays in force:
-		// Redis counts it until it ends.
-		req.Running, req.RunningFor = le.granted, le.until.Sub(now)
+	// Until the answer arrives (if ever) the key runs what it runs now:
+	// Redis counts that until it ends, or, for the default share, until
+	// the new record ends, after which the key is unrecorded and counted
+	// at that share again.
+	running, held := le.running(def)
+	req.Running, req.Held = running, held
+	switch le.state {
+	case stateHeld:
+		req.RunningFor = le.until.Sub(now)
+	default:
+		req.RunningFor = ttl
 	}
 	if le.state == stateDefault {
 		le.state = stateAsking
@@ -297,12 +496,45 @@ func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, de
 	return req
 }
 
-// granted puts the answer res to c, sent at sent, in force at at. It reports
-// whether the key's local limiter took the grant, and whether the key had
-// been failing until this answer.
-func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) (assigned, recovered bool) {
+// answered puts the answer res to c, sent at sent, in force at at. It
+// reports whether the key's local limiter took a grant, and whether the
+// key had been failing until this answer.
+func (e *engine) answered(at, sent time.Time, c *call, res *global.Lease) (assigned, recovered bool) {
 	le := c.lease
 	recovered = e.setFailed(c.req.Key, le, false)
+	switch c.kind {
+	case callRelease:
+		if le.state == stateReleasing && !le.returning {
+			// Leases granted while Redis counted this instance at its
+			// record may run until ReturnAfter: until then it runs no
+			// more than that record.
+			le.returning, le.until = true, at.Add(res.ReturnAfter)
+			le.contended, le.stable = false, 0
+			e.shares.SetMark(c.req.Key, 0)
+			if res.ReturnAfter <= 0 {
+				le.state, le.returning, le.granted = stateDefault, false, 0
+				e.shares.Unassign(at, c.req.Key)
+			}
+		}
+		return false, recovered
+	case callYield:
+		if le.state == stateYielded {
+			life := e.t.uncontendedTTL * yieldLife
+			// Redis wrote the record no later than now: it has certainly
+			// ended one lifetime from now.
+			le.until = at.Add(life)
+			le.renewAt = sent.Add(life / 3)
+			e.shares.Assign(at, c.req.Key, e.share(le.granted), le.until)
+		}
+		return false, recovered
+	}
+	return e.granted(at, sent, c, res), recovered
+}
+
+// granted puts a lease grant in force, or moves the key to the exact
+// placement when the grant would split the burst too finely.
+func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
+	le := c.lease
 	first := le.state != stateHeld && le.granted == 0
 	settled := res.Contended && res.Granted >= res.Fair*settledFair && le.granted > 0 &&
 		math.Abs(res.Granted-le.granted) <= settledWithin*le.granted
@@ -315,29 +547,35 @@ func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) (assign
 	le.until = sent.Add(time.Duration(float64(c.req.TTL) * endEarly))
 	le.renewAt = sent.Add(e.renewIn(c.req.TTL, res, first, settled))
 	if c.req.Running-res.Granted > ackShrink*e.rate {
-		// Redis counts this instance at the grant it ran when it asked,
-		// until that ends: now that the smaller one is in force, say so, so
+		// Redis counts this instance at what it ran when it asked, until
+		// that ends: now that the smaller grant is in force, say so, so
 		// that what it gave up goes to the others.
 		le.renewAt = at.Add(e.t.tick)
 	}
-	share := local.Share{
-		Limit: rate.Limit(res.Granted),
-		Burst: int(float64(e.burst) * res.Granted / e.rate),
+	share := e.share(res.Granted)
+	if res.Contended && share.Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
+		// Lower first (the key stops running its grant), then the first
+		// exact decision tells Redis, which drops the lease record then.
+		if e.shares.SetMark(c.req.Key, markExact) {
+			e.shares.Assign(at, c.req.Key, local.Share{}, le.until)
+			le.state, le.renewAt = stateExact, at.Add(e.t.contendedTTL)
+		}
+		return false
 	}
+	e.shares.SetMark(c.req.Key, 0)
 	if e.shares.Assign(at, c.req.Key, share, le.until) {
 		le.state = stateHeld
-		return true, recovered
+		return true
 	}
-	return false, recovered
+	return false
 }
 
 // renewIn is how long after its request a grant renews.
 func (e *engine) renewIn(ttl time.Duration, res *global.Lease, first, settled bool) time.Duration {
 	switch {
 	case res.Contended && (first || res.Granted < res.Fair*starvedFair):
-		// The first grant counts instances not heard from yet at rate/N, and
-		// a starved one waits for others to shrink: they will soon say what
-		// they want or free what they hold, so ask again soon.
+		// A first grant, or a starved one, waits for the others to say what
+		// they want or to free what they hold: ask again soon.
 		return soonTicks * e.t.tick
 	case res.Contended && !settled:
 		// A share that moved renews on the contended schedule, even if this
@@ -347,9 +585,54 @@ func (e *engine) renewIn(ttl time.Duration, res *global.Lease, first, settled bo
 	return ttl / renewDivisor
 }
 
+// yieldAsked handles a peer's ask to give up the unused default share of
+// key at now: a key this instance does not know is lowered to nothing, one
+// whose demand is well below its share to that demand, first here and then
+// in Redis at the next tick; a key that needs its share keeps it.
+func (e *engine) yieldAsked(now time.Time, key string, n int) {
+	def := e.rate / float64(n)
+	life := e.t.uncontendedTTL * yieldLife
+	le := e.keys[key]
+	switch {
+	case le == nil:
+		// Until the record is written and has ended, a first decision here
+		// runs at nothing and asks for a lease.
+		if !e.shares.AssignNew(now, key, local.Share{}, now.Add(2*life)) {
+			return
+		}
+		le = &lease{state: stateYielded, sentAt: now}
+		le.demand.open(now)
+		e.keys[key] = le
+	case le.state == stateDefault:
+		d := le.demandNow * headroom
+		if d >= def*yieldBelow {
+			return
+		}
+		if !e.shares.Assign(now, key, e.share(d), now.Add(2*life)) {
+			return
+		}
+		le.state, le.granted, le.until = stateYielded, d, time.Time{}
+	case le.state == stateYielded:
+	case le.state == stateHeld || le.state == stateLapsed:
+		// A lease renews at once with the demand it has now, so that what
+		// it holds and no longer uses goes to the asker.
+		if now.Sub(le.sentAt) >= earlyEvery*e.t.tick {
+			le.renewAt = now
+		}
+		return
+	default:
+		return
+	}
+	le.askedAt = now
+	if le.until.IsZero() {
+		le.renewAt = now
+	}
+}
+
 // failed records that c, sent at sent, got no answer: the key tries again
-// at the next tick, its grant stays in force until it ends, and it follows
-// the outage policy after that. It reports whether the key starts failing.
+// at the next tick, its grant stays in force until it ends, and it runs the
+// smaller of that and its default share after that. It reports whether the
+// key starts failing.
 func (e *engine) failed(sent time.Time, c *call) bool {
 	c.lease.renewAt = sent.Add(e.t.tick)
 	return e.setFailed(c.req.Key, c.lease, true)
@@ -366,7 +649,7 @@ func (e *engine) setFailed(key string, le *lease, on bool) bool {
 }
 
 // evict forgets key, which the local limiter evicted, and appends its
-// release to calls if Redis may hold a lease of it. It reports whether the
+// release to calls if Redis may hold a record of it. It reports whether the
 // key was failing.
 func (e *engine) evict(key string, n int, calls []call) ([]call, bool) {
 	le := e.keys[key]
@@ -375,7 +658,7 @@ func (e *engine) evict(key string, n int, calls []call) ([]call, bool) {
 	}
 	delete(e.keys, key)
 	if le.state != stateDefault {
-		calls = append(calls, e.release(key, n))
+		calls = append(calls, e.release(key, n, nil))
 	}
 	return calls, le.failed
 }
@@ -412,12 +695,13 @@ func (e *engine) renewAll(now time.Time) {
 	}
 }
 
-// drop appends the release of every lease Redis may hold, moves every key
+// drop appends the release of every record Redis may hold, moves every key
 // back to its default share at now, unflags the failing ones and forgets
 // them all: the limit stops being Hybrid, and its keys stay.
 func (e *engine) drop(now time.Time, n int, calls []call) []call {
 	for k, le := range e.keys {
 		if le.state != stateDefault {
+			e.shares.SetMark(k, 0)
 			e.shares.Unassign(now, k)
 		}
 		if le.failed {
@@ -427,12 +711,12 @@ func (e *engine) drop(now time.Time, n int, calls []call) []call {
 	return e.releaseAll(n, calls)
 }
 
-// releaseAll appends the release of every lease Redis may hold and forgets
+// releaseAll appends the release of every record Redis may hold and forgets
 // every key.
 func (e *engine) releaseAll(n int, calls []call) []call {
 	for k, le := range e.keys {
 		if le.state != stateDefault {
-			calls = append(calls, e.release(k, n))
+			calls = append(calls, e.release(k, n, nil))
 		}
 	}
 	clear(e.keys)

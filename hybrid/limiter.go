@@ -49,6 +49,12 @@ type Limiter struct {
 	resettle  atomic.Bool   // N changed: shares will move, settled leases renew now
 	stopWatch func()
 
+	// msgr carries the asks to yield between the instances, nil when
+	// Members cannot message; in holds the asks received.
+	msgr     membership.Messenger
+	in       inbox
+	stopRecv func()
+
 	peakMu  sync.Mutex
 	samples []peerSample // guarded by peakMu: instance counts seen within PeakWindow
 
@@ -170,6 +176,11 @@ func New(cfg Config) (*Limiter, error) {
 	l.set.Store(set)
 	l.seen = set
 	l.stopWatch = l.members.Watch(l.onPeers)
+	l.stopRecv = func() {}
+	if m, ok := l.members.(membership.Messenger); ok {
+		l.msgr = m
+		l.stopRecv = m.Receive(l.in.receive)
+	}
 	go l.loop()
 	return l, nil
 }
@@ -289,7 +300,7 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int)
 	case Local:
 		d = fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal)
 	case Hybrid:
-		d = l.hybrid(ls, key, n)
+		d = l.hybrid(ctx, ls, key, n)
 	case Global:
 		var err error
 		if d, err = l.global(ctx, ls, key, n); err != nil {
@@ -305,17 +316,25 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int)
 	return d, nil
 }
 
-// hybrid decides n tokens of key under the Hybrid limit ls, in process.
-func (l *Limiter) hybrid(ls *limitEntry, key string, n int) Decision {
-	r := ls.loc.AllowN(time.Now(), key, n)
+// hybrid decides n tokens of key under the Hybrid limit ls: in process in
+// the share and lease placements, with one script against the key's pool
+// in Redis in the exact one.
+func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int) Decision {
+	now := time.Now()
+	r := ls.loc.AllowN(now, key, n)
+	degraded := ls.degraded.Load()
 	var d Decision
 	switch {
+	case r.Mark == markExact && !degraded:
+		return l.exact(ctx, ls, key, n, now, r)
 	case r.Assigned:
 		d = fromLocal(r, SourceLease)
-	case (!ls.degraded.Load() && !r.Flagged) || ls.OnOutage == FailLocal:
-		// A key before its first lease, or FailLocal. (Flagged: this
-		// key's last lease request failed, for example its Cluster node is
-		// down, while the rest of the limit is fine.)
+	case !degraded || ls.OnOutage == FailLocal:
+		// The default share (a key without a record, which Redis counts at
+		// that share), or the smaller of a lapsed grant and that share
+		// (which Redis counts too: the grant until its record ends, the
+		// default share after that), or FailLocal. A key whose requests
+		// fail while Redis answers stays here: it is counted.
 		d = fromLocal(r, SourceLocal)
 	default:
 		return l.policy(ls)
@@ -324,6 +343,42 @@ func (l *Limiter) hybrid(ls *limitEntry, key string, n int) Decision {
 		// n is within the limit's burst (AllowN checked) but above this
 		// instance's part of it: that part follows the key's lease, which
 		// a renewal may grow, so look again after one rather than never.
+		d.RetryAfter = l.cfg.ContendedTTL / renewDivisor
+	}
+	return d
+}
+
+// exact decides n tokens of key, in the exact placement, with one script
+// against the key's pool, bounded by RedisTimeout; r is the local decision,
+// which carries the deny cache: a denial that said "nothing until t" is
+// repeated here until t.
+func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, r local.Result) Decision {
+	if r.Hold > 0 {
+		return Decision{RetryAfter: r.Hold, Source: SourceGlobal}
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+	t, err := l.store.TakeExact(cctx, global.ExactRequest{
+		Limit: ls.Name, Key: key, Instance: l.members.Name(),
+		Rate: ls.Rate, Burst: ls.Burst, Instances: l.shareCount(ls, now), N: n,
+		TTL: l.cfg.UncontendedTTL,
+	})
+	cancel()
+	ls.sent(1)
+	if err != nil {
+		ls.m.redisErrors.Inc()
+		// The key's share is in the pool: with Redis failing, this
+		// decision follows the outage policy (FailLocal: nothing is left
+		// here to admit from until the key leaves the exact placement).
+		if ls.OnOutage == FailOpen {
+			return Decision{Allowed: true, Source: SourceFailOpen}
+		}
+		return Decision{RetryAfter: l.cfg.Tick, Source: SourceFailClosed}
+	}
+	if !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never {
+		ls.loc.SetHold(key, now.Add(t.RetryAfter))
+	}
+	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
+	if d.RetryAfter == Never {
 		d.RetryAfter = l.cfg.ContendedTTL / renewDivisor
 	}
 	return d
@@ -499,6 +554,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 		close(l.quit)
 		<-l.done
 		l.stopWatch()
+		l.stopRecv()
 		var errs []error
 		if err := l.releaseAll(ctx); err != nil {
 			errs = append(errs, err)
@@ -556,14 +612,11 @@ func (l *Limiter) peak(now time.Time) int {
 }
 
 // shareCount is the instance count the default share of ls is split by:
-// N normally, the largest N seen recently while degraded, so that neither a
-// partition nor a crash can inflate anyone's share.
-func (l *Limiter) shareCount(ls *limitEntry, now time.Time) int {
-	n := l.members.Count()
-	if ls.degraded.Load() {
-		n = max(n, l.peak(now))
-	}
-	return n
+// the largest N seen within PeakWindow, always, so that neither a gossip
+// partition nor a false "dead" verdict nor a crash can inflate anyone's
+// share, with Redis up or down.
+func (l *Limiter) shareCount(_ *limitEntry, now time.Time) int {
+	return max(l.members.Count(), l.peak(now))
 }
 
 // redact returns err with every mention of key replaced, for logs: keys

@@ -13,6 +13,7 @@ import (
 type store interface {
 	Lease(ctx context.Context, reqs []global.LeaseRequest, out []global.Lease) error
 	TakeN(ctx context.Context, limit, key string, rate float64, burst, n int) (global.Take, error)
+	TakeExact(ctx context.Context, r global.ExactRequest) (global.Take, error)
 	Ping(ctx context.Context) error
 	Check(ctx context.Context) error
 }
@@ -42,12 +43,15 @@ type batch struct {
 	refs    []ref
 	calls   []call // one limit's calls, before they join reqs
 	evicted []string
+	asks    []ask  // asks to yield received from the peers
+	out2    outbox // asks to yield for the peers
 	quiet   int // ticks in a row that used a small part of the buffers
 }
 
 type ref struct {
-	ls *limitEntry
-	le *lease // nil for a release
+	ls   *limitEntry
+	le   *lease // nil for a release nothing waits on
+	kind callKind
 }
 
 // shrinkAfter is how many ticks in a row the batches must have used less
@@ -83,7 +87,7 @@ func (b *batch) reset() {
 func (b *batch) add(ls *limitEntry, calls []call) {
 	for i := range calls {
 		b.reqs = append(b.reqs, calls[i].req)
-		b.refs = append(b.refs, ref{ls, calls[i].lease})
+		b.refs = append(b.refs, ref{ls, calls[i].lease, calls[i].kind})
 	}
 	clear(calls)
 }
@@ -110,17 +114,18 @@ func (l *Limiter) loop() {
 // answers.
 func (l *Limiter) tick(now time.Time, b *batch) {
 	b.reset()
-	n := l.members.Count()
+	// Redis counts the instances that hold no record of a key by the
+	// largest count of PeakWindow, as the default shares are split.
+	n := l.peak(now)
 	set := l.reconcile(now, n, b)
 	resettle := l.resettle.Swap(false)
+	l.yield(now, n, set, b)
 	probe := false
 	for _, ls := range set.order {
 		l.logUnlogged(ls)
 		degraded := ls.degraded.Load()
-		if ls.OnOutage == FailLocal && degraded {
-			// The largest recent count may have aged out of PeakWindow.
-			l.resplit(ls, now)
-		}
+		// The largest recent count may have aged out of PeakWindow.
+		l.resplit(ls, now)
 		// A degraded limit recovers when Redis answers: a renewal, or a
 		// probe when there is none (a Global limit, or a Hybrid one whose
 		// keys ask for nothing, for example one degraded since New).
@@ -133,12 +138,27 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 			l.collect(now, n, ls, b)
 		}
 	}
+	if l.msgr != nil {
+		b.out2.flush(l.msgr)
+	}
 	switch {
 	case len(b.reqs) > 0:
 		l.renew(now, b)
 	case probe:
 		l.probe(set)
 	}
+}
+
+// yield hands the asks to yield that peers sent since the last tick to the
+// engines of their limits.
+func (l *Limiter) yield(now time.Time, n int, set *limitSet, b *batch) {
+	b.asks = l.in.take(b.asks)
+	for _, a := range b.asks {
+		if ls := set.byName[a.limit]; ls != nil && ls.eng != nil {
+			ls.eng.yieldAsked(now, a.key, n)
+		}
+	}
+	clear(b.asks)
 }
 
 // reconcile puts the limits as configured now in force in the loop's own
@@ -179,7 +199,7 @@ func (l *Limiter) apply(now time.Time, n int, e *limitEntry, b *batch) {
 		e.m.contendedKeys.Set(0)
 	case e.Mode == Hybrid && e.eng == nil:
 		e.eng = newEngine(e.Limit, l.members.Name(),
-			timings{tick: l.cfg.Tick, contendedTTL: l.cfg.ContendedTTL, uncontendedTTL: l.cfg.UncontendedTTL}, e.loc)
+			timings{tick: l.cfg.Tick, contendedTTL: l.cfg.ContendedTTL, uncontendedTTL: l.cfg.UncontendedTTL, redisTimeout: l.cfg.RedisTimeout}, e.loc)
 	case e.Mode == Hybrid && (was.Rate != e.Rate || was.Burst != e.Burst):
 		e.eng.setLimit(e.Rate, e.Burst)
 		e.eng.renewAll(now)
@@ -217,9 +237,13 @@ func (l *Limiter) evict(now time.Time, n int, ls *limitEntry, b *batch) {
 // limit's gauges.
 func (l *Limiter) collect(now time.Time, n int, ls *limitEntry, b *batch) {
 	ls.stats = ls.loc.AppendStats(ls.stats[:0])
+	ls.eng.degraded = ls.degraded.Load()
 	var ts tickStats
 	b.calls, ts = ls.eng.collect(now, n, ls.stats, b.calls[:0])
 	b.add(ls, b.calls)
+	if l.msgr != nil && len(ls.eng.asks) > 0 {
+		b.out2.add(l.msgr, ls.Name, ls.eng.asks)
+	}
 	ls.stats = shrink.Slice(ls.stats)
 	ls.m.leasesExpired.Add(float64(ts.expired))
 	ls.m.leasedRate.Set(ts.leased)
@@ -249,17 +273,19 @@ func (l *Limiter) renew(sent time.Time, b *batch) {
 	l.setAllDegraded(false, nil)
 	at := time.Now()
 	for i, r := range b.refs {
-		if r.le == nil {
+		if r.kind == callRelease && b.out[i].Err == nil {
 			r.ls.m.leasesReleased.Inc()
+		}
+		if r.le == nil || r.ls.eng == nil {
 			continue
 		}
-		c := call{req: b.reqs[i], lease: r.le}
+		c := call{req: b.reqs[i], lease: r.le, kind: r.kind}
 		if res := &b.out[i]; res.Err != nil {
 			r.ls.m.redisErrors.Inc()
 			l.keyFailed(sent, r.ls, &c, redact(res.Err, c.req.Key))
 			continue
 		}
-		assigned, recovered := r.ls.eng.granted(at, sent, &c, &b.out[i])
+		assigned, recovered := r.ls.eng.answered(at, sent, &c, &b.out[i])
 		if recovered {
 			l.keyRecovered(r.ls)
 		}
@@ -278,8 +304,8 @@ func (l *Limiter) renew(sent time.Time, b *batch) {
 func (l *Limiter) batchFailed(sent time.Time, b *batch, err error) {
 	for i, r := range b.refs {
 		r.ls.m.redisErrors.Inc()
-		if r.le != nil {
-			l.keyFailed(sent, r.ls, &call{req: b.reqs[i], lease: r.le}, err)
+		if r.le != nil && r.ls.eng != nil {
+			l.keyFailed(sent, r.ls, &call{req: b.reqs[i], lease: r.le, kind: r.kind}, err)
 		}
 	}
 	if l.health.silent(sent) && l.ping() == nil {

@@ -71,6 +71,13 @@ type Result struct {
 	Assigned bool
 	// Flagged reports the key's flag, see SetFlag.
 	Flagged bool
+	// Mark is the key's mark, see SetMark. A marked key is not decided
+	// here: Allowed is false and the caller decides.
+	Mark uint8
+	// Hold, for a marked key, is how long the caller asked (SetHold) that
+	// its requests be denied without asking again; 0 when it did not or
+	// that time has passed.
+	Hold time.Duration
 }
 
 // KeyStats is a snapshot of one key, as returned by AppendStats.
@@ -91,6 +98,14 @@ type KeyStats struct {
 	Until time.Time
 	// Share is the share the key currently runs at.
 	Share Share
+	// Denied is the total number of tokens denied on this key by its
+	// share (marked keys are not decided here, and deny nothing).
+	Denied int64
+	// Mark is the key's mark, see SetMark.
+	Mark uint8
+	// Lapsed reports whether the key's last assigned share ended without
+	// an Unassign: it runs the smaller of that share and the default.
+	Lapsed bool
 }
 
 // Limiter holds the keyed limiters of one limit. It is safe for concurrent
@@ -133,8 +148,12 @@ type entry struct {
 	attempted int64
 	assigned  bool
 	until     time.Time
-	flagged   bool // the caller's mark, see SetFlag
+	flagged   bool  // the caller's flag, see SetFlag
+	mark      uint8 // the caller's mark, see SetMark
+	lapsed    bool  // the assigned share ended: the key runs at most the default
 	evicted   bool
+	denied    int64
+	hold      time.Time // see SetHold
 }
 
 // New returns a Limiter for the limit described by cfg.
@@ -222,10 +241,20 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) Result {
 		e.seen = t
 		e.attempted += int64(n)
 		if e.assigned && !t.Before(e.until) {
-			e.fallBack(t, l.Default())
+			e.lapse(t, l.Default())
 		}
-		r := Result{Assigned: e.assigned, Flagged: e.flagged}
+		r := Result{Assigned: e.assigned, Flagged: e.flagged, Mark: e.mark}
+		if e.mark != 0 {
+			if t.Before(e.hold) {
+				r.Hold = e.hold.Sub(t)
+			}
+			e.mu.Unlock()
+			return r
+		}
 		r.Allowed = e.lim.AllowN(t, n)
+		if !r.Allowed {
+			e.denied += int64(n)
+		}
 		tokens := e.lim.TokensAt(t)
 		if tokens > 0 {
 			r.Remaining = int64(tokens)
@@ -280,9 +309,23 @@ func (e *entry) advance(t time.Time) time.Time {
 
 // fallBack moves e back to the default share. Requires e.mu held.
 func (e *entry) fallBack(t time.Time, def Share) {
-	e.assigned = false
+	e.assigned, e.lapsed = false, false
 	e.until = time.Time{}
 	e.setShare(t, def)
+}
+
+// lapse ends e's assigned share at t: it runs the smaller of that share
+// and def until Unassign. Requires e.mu held.
+func (e *entry) lapse(t time.Time, def Share) {
+	e.assigned, e.lapsed = false, true
+	e.until = time.Time{}
+	e.setShare(t, e.capped(def))
+}
+
+// capped is the smaller of e's share and def, rate and burst apart.
+// Requires e.mu held.
+func (e *entry) capped(def Share) Share {
+	return Share{Limit: min(e.lim.Limit(), def.Limit), Burst: min(e.lim.Burst(), def.Burst)}
 }
 
 // setShare changes the rate and burst of e at t. Requires e.mu held.
@@ -295,31 +338,87 @@ func (e *entry) setShare(t time.Time, s Share) {
 	}
 }
 
-// Assign runs key at share s from t until until, after which the key falls
-// back to the default share by itself. It reports false, and does nothing,
-// if the key does not exist (never seen, or evicted). A share with a
-// non-positive burst runs at burst 1.
+// Assign runs key at share s from t until until. After until the key
+// runs the smaller of s and the default share (it lapses), until Unassign:
+// whoever assigned s may still be counted at s elsewhere, not at the
+// default share. It reports false, and does nothing, if the key does not
+// exist (never seen, or evicted). A share with a positive rate and a
+// burst below 1 runs at burst 1; the zero Share admits nothing.
 func (l *Limiter) Assign(t time.Time, key string, s Share, until time.Time) bool {
-	if s.Burst < 1 {
-		s.Burst = 1
+	s = fixShare(s)
+	return l.with(key, func(e *entry) { l.assign(e, t, s, until) })
+}
+
+// AssignNew is Assign, creating key at t first if it does not exist.
+func (l *Limiter) AssignNew(t time.Time, key string, s Share, until time.Time) bool {
+	s = fixShare(s)
+	for {
+		sh := l.shard(key)
+		sh.mu.RLock()
+		e := sh.m[key]
+		sh.mu.RUnlock()
+		if e == nil {
+			e = l.insert(sh, key, t)
+		}
+		e.mu.Lock()
+		if e.evicted {
+			e.mu.Unlock()
+			continue
+		}
+		l.assign(e, t, s, until)
+		e.mu.Unlock()
+		return true
 	}
+}
+
+func fixShare(s Share) Share {
 	if s.Limit < 0 {
 		s.Limit = 0
 	}
+	switch {
+	case s.Limit == 0 && s.Burst <= 0:
+		s.Burst = 0
+	case s.Burst < 1:
+		s.Burst = 1
+	}
+	return s
+}
+
+// assign puts s in force on e from t until until. Requires e.mu held.
+func (l *Limiter) assign(e *entry, t time.Time, s Share, until time.Time) {
+	t = e.advance(t)
+	e.assigned, e.lapsed = true, false
+	e.until = until
+	e.setShare(t, s)
+	if !t.Before(until) {
+		e.lapse(t, l.Default())
+	}
+}
+
+// SetMark sets key's mark, a small number the caller gives a meaning to
+// (package hybrid marks keys decided in Redis); 0 clears it. A marked key
+// is not decided here: AllowN counts its attempt and reports its mark. It
+// reports false if the key does not exist.
+func (l *Limiter) SetMark(key string, m uint8) bool {
 	return l.with(key, func(e *entry) {
-		t = e.advance(t)
-		if !t.Before(until) {
-			e.fallBack(t, l.Default())
-			return
-		}
-		e.assigned = true
-		e.until = until
-		e.setShare(t, s)
+		e.mark = m
+		e.hold = time.Time{}
 	})
 }
 
-// Unassign moves key back to the default share at t. It reports false if the
-// key does not exist.
+// SetHold asks that AllowN report Hold for the marked key until until: a
+// denial that said nothing is available until then. It reports false if
+// the key does not exist.
+func (l *Limiter) SetHold(key string, until time.Time) bool {
+	return l.with(key, func(e *entry) {
+		if until.After(e.hold) {
+			e.hold = until
+		}
+	})
+}
+
+// Unassign moves key back to the default share at t, lapsed or not. It
+// reports false if the key does not exist.
 func (l *Limiter) Unassign(t time.Time, key string) bool {
 	return l.with(key, func(e *entry) { e.fallBack(e.advance(t), l.Default()) })
 }
@@ -417,7 +516,10 @@ func (l *Limiter) set(t time.Time, p *params) {
 		sh.mu.RLock()
 		for _, e := range sh.m {
 			e.mu.Lock()
-			if !e.assigned {
+			switch {
+			case e.lapsed:
+				e.setShare(e.advance(t), e.capped(s))
+			case !e.assigned:
 				e.setShare(e.advance(t), s)
 			}
 			e.mu.Unlock()
@@ -442,6 +544,9 @@ func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
 				Assigned:  e.assigned && e.last.Before(e.until),
 				Until:     e.until,
 				Share:     Share{Limit: e.lim.Limit(), Burst: e.lim.Burst()},
+				Denied:    e.denied,
+				Mark:      e.mark,
+				Lapsed:    e.lapsed,
 			})
 			e.mu.Unlock()
 		}
@@ -451,8 +556,9 @@ func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
 }
 
 // EvictIdle removes every key whose latest decision is older than t minus
-// idle, appends the removed keys to dst and returns it. A later decision on
-// a removed key starts it afresh at the default share. Once most of the
+// idle and whose assigned share, if any, has ended by t, appends the
+// removed keys to dst and returns it. A later decision on a removed key
+// starts it afresh at the default share. Once most of the
 // keys a shard held are gone, the memory they took is given back.
 func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []string {
 	cutoff := t.Add(-idle)
@@ -461,7 +567,7 @@ func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []str
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			e.mu.Lock()
-			if e.seen.Before(cutoff) {
+			if e.seen.Before(cutoff) && !(e.assigned && t.Before(e.until)) {
 				e.evicted = true
 				delete(sh.m, k)
 				dst = append(dst, k)

@@ -30,4 +30,15 @@
 // memberlist's own callbacks, so a slow watcher cannot stall gossip. Changes
 // that happen in quick succession may be coalesced: a watcher always sees the
 // latest count, in order, but not necessarily every intermediate one.
+//
+// Members can also tell each other things: the Messenger interface sends
+// small messages (at most MaxMessage bytes) to every other live member or
+// to one by name, best effort, and calls receivers with each message and
+// its sender's name. A Memberlist sends each message in one UDP packet,
+// encrypted with the gossip key when there is one; a Static reaches the
+// other Statics connected to the same Bus, in one process, for tests and
+// benchmarks. Either way a message may be lost but is never corrupted,
+// receivers run on a goroutine owned by the Messenger, and a receiver that
+// falls behind loses messages (counted by Dropped) rather than stalling
+// gossip or the sender.
 package membership

@@ -100,3 +100,83 @@ func ExampleDefaultConfig() {
 	defer m.Close()
 	fmt.Println("instances:", m.Count())
 }
+
+func ExampleMessenger() {
+	// Three instances in one process, as tests and benchmarks run them:
+	// each has its own Static, and a Bus carries their messages.
+	bus := membership.NewBus()
+	var members []*membership.Static
+	for _, name := range []string{"api-1", "api-2", "api-3"} {
+		s := membership.NewStatic(name, 3)
+		s.Connect(bus)
+		members = append(members, s)
+	}
+
+	// api-2 answers every request; what it receives is valid only during
+	// the call, so it copies what it keeps. A receiver must not block.
+	requests := make(chan string, 8)
+	stop := members[1].Receive(func(from string, msg []byte) {
+		requests <- from + " asks: " + string(msg)
+	})
+	defer stop()
+
+	// Code written against the Messenger interface runs as well on a
+	// *membership.Memberlist, over the network.
+	var m membership.Messenger = members[0]
+	if err := m.Broadcast([]byte("yield key k?")); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-requests)
+
+	if err := m.Send("api-2", []byte("yield key j?")); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-requests)
+
+	err := m.Send("api-9", []byte("hello?"))
+	fmt.Println(errors.Is(err, membership.ErrUnknownMember))
+	err = m.Broadcast(make([]byte, membership.MaxMessage+1))
+	fmt.Println(errors.Is(err, membership.ErrMessageTooLarge))
+	// Output:
+	// api-1 asks: yield key k?
+	// api-1 asks: yield key j?
+	// true
+	// true
+}
+
+func ExampleMemberlist_Broadcast() {
+	first, err := membership.Join(membership.Config{Name: "api-1", BindAddr: "127.0.0.1", Profile: membership.Local})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer first.Close()
+	got := make(chan string, 1)
+	stop := first.Receive(func(from string, msg []byte) {
+		select {
+		case got <- from + ": " + string(msg):
+		default: // never block: drop what the channel cannot hold
+		}
+	})
+	defer stop()
+
+	// A node that has joined knows the members its seed knew.
+	second, err := membership.Join(membership.Config{Name: "api-2", BindAddr: "127.0.0.1", Profile: membership.Local, Seeds: []string{first.Addr()}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer second.Close()
+
+	// One UDP packet to each other member, best effort: a message that
+	// matters is sent again until it is answered.
+	if err := second.Broadcast([]byte("yield key k?")); err != nil {
+		log.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		fmt.Println(m)
+	case <-time.After(5 * time.Second):
+		fmt.Println("lost")
+	}
+	// Output:
+	// api-2: yield key k?
+}

@@ -55,8 +55,9 @@ func (p Profile) String() string {
 // single-node cluster on a random port of every interface with the LAN
 // profile; DefaultConfig gives the usual production settings.
 type Config struct {
-	// Name is this node's name, unique in the cluster. Empty means the host
-	// name followed by a random suffix.
+	// Name is this node's name, unique in the cluster, at most
+	// MaxNameLength bytes long (every message names its sender). Empty
+	// means the host name followed by a random suffix.
 	Name string
 
 	// BindAddr is the address to listen on (TCP and UDP). Empty means
@@ -187,6 +188,8 @@ type Memberlist struct {
 	ml           *memberlist.Memberlist
 	nt           *notifier
 	count        atomic.Int64
+	in           *inbox      // messages received, for Receive
+	closed       atomic.Bool // set when Close starts; Broadcast and Send refuse
 
 	// Joining the seeds, at Join and in the background.
 	seeds            []seed
@@ -201,7 +204,10 @@ type Memberlist struct {
 	closeErr  error
 }
 
-var _ Counter = (*Memberlist)(nil)
+var (
+	_ Counter   = (*Memberlist)(nil)
+	_ Messenger = (*Memberlist)(nil)
+)
 
 // Join is shorthand for JoinContext(context.Background(), cfg).
 func Join(cfg Config) (*Memberlist, error) {
@@ -257,6 +263,7 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 		retryInterval:    cmp.Or(cfg.RetryInterval, DefaultRetryInterval),
 		maxRetryInterval: cfg.MaxRetryInterval,
 		changed:          make(chan struct{}, 1),
+		in:               newInbox(),
 	}
 	if m.maxRetryInterval == 0 {
 		m.maxRetryInterval = max(DefaultMaxRetryInterval, m.retryInterval)
@@ -267,6 +274,7 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	m.count.Store(1)
 	m.nt = newNotifier(m.refresh, m.Count, true)
 	conf.Events = eventDelegate{m}
+	conf.Delegate = messageDelegate{m}
 
 	ml, err := memberlist.Create(conf)
 	if err != nil {
@@ -313,6 +321,9 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	if k := len(cfg.SecretKey); k != 0 && k != 16 && k != 24 && k != 32 {
 		return nil, fmt.Errorf("%w: secret key is %d bytes, want 16, 24 or 32", ErrInvalidConfig, k)
 	}
+	if len(cfg.Name) > MaxNameLength {
+		return nil, fmt.Errorf("%w: Name is %d bytes, at most %d", ErrInvalidConfig, len(cfg.Name), MaxNameLength)
+	}
 	if cfg.MaxInstances < 0 {
 		return nil, fmt.Errorf("%w: negative MaxInstances %d", ErrInvalidConfig, cfg.MaxInstances)
 	}
@@ -338,7 +349,8 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 		if err != nil || host == "" {
 			host = "node"
 		}
-		conf.Name = host + "-" + randomSuffix()
+		suffix := "-" + randomSuffix()
+		conf.Name = host[:min(len(host), MaxNameLength-len(suffix))] + suffix
 	}
 	conf.BindAddr = cfg.BindAddr
 	if conf.BindAddr == "" {
@@ -419,11 +431,12 @@ func (m *Memberlist) Members() []string {
 // connection to a seed in progress, which ends within memberlist's TCP
 // timeout), leaves the cluster gracefully, waiting at most
 // Config.LeaveTimeout for the leave message to reach another member, then
-// shuts the node down and stops the watcher goroutine. A leave that times out is logged, not
-// returned: the node is shut down all the same and the other members notice
-// the departure through failure detection instead. Close is idempotent: later
+// shuts the node down and stops the goroutines that call watchers and
+// message receivers. A leave that times out is logged, not returned: the
+// node is shut down all the same and the other members notice the
+// departure through failure detection instead. Close is idempotent: later
 // calls return the first call's result. It must not be called from a
-// watcher.
+// watcher or a message receiver.
 func (m *Memberlist) Close() error {
 	return m.close(true)
 }
@@ -432,6 +445,7 @@ func (m *Memberlist) Close() error {
 // Without leave it simulates a crash, for tests.
 func (m *Memberlist) close(leave bool) error {
 	m.closeOnce.Do(func() {
+		m.closed.Store(true)
 		if m.stopRejoin != nil {
 			m.stopRejoin()
 			<-m.rejoinDone
@@ -453,6 +467,7 @@ func (m *Memberlist) close(leave bool) error {
 			errs = append(errs, fmt.Errorf("membership: shutdown %q: %w", m.name, err))
 		}
 		m.nt.close()
+		m.in.close()
 		m.closeErr = errors.Join(errs...)
 		m.logger.Info("membership: closed", "name", m.name, "graceful", leave, "err", m.closeErr)
 	})
@@ -499,3 +514,85 @@ func flatten(err error) error {
 	}
 	return err
 }
+
+// Broadcast implements Messenger: it sends msg to every other member this
+// node believes alive, one UDP packet each (memberlist's SendBestEffort,
+// encrypted when Config.SecretKey is set). After Close it returns an error
+// wrapping ErrClosed.
+func (m *Memberlist) Broadcast(msg []byte) error {
+	if err := checkSize("broadcast", m.name, msg); err != nil {
+		return err
+	}
+	if m.closed.Load() {
+		return fmt.Errorf("membership: broadcast from %q: %w", m.name, ErrClosed)
+	}
+	var frame []byte
+	var errs []error
+	for _, n := range m.ml.Members() {
+		if n.Name == m.name {
+			continue
+		}
+		if frame == nil {
+			frame = appendFrame(nil, m.name, msg)
+		}
+		if err := m.ml.SendBestEffort(n, frame); err != nil {
+			errs = append(errs, fmt.Errorf("membership: broadcast from %q to %q: %w", m.name, n.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Send implements Messenger: it sends msg to the live member named to, in
+// one UDP packet (memberlist's SendBestEffort, encrypted when
+// Config.SecretKey is set). After Close it returns an error wrapping
+// ErrClosed.
+func (m *Memberlist) Send(to string, msg []byte) error {
+	if err := checkSize("send", m.name, msg); err != nil {
+		return err
+	}
+	if m.closed.Load() {
+		return fmt.Errorf("membership: send from %q to %q: %w", m.name, to, ErrClosed)
+	}
+	if to == m.name {
+		return nil
+	}
+	for _, n := range m.ml.Members() {
+		if n.Name != to {
+			continue
+		}
+		if err := m.ml.SendBestEffort(n, appendFrame(nil, m.name, msg)); err != nil {
+			return fmt.Errorf("membership: send from %q to %q: %w", m.name, to, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w %q (sending from %q)", ErrUnknownMember, to, m.name)
+}
+
+// Receive implements Messenger. The sender's name is the one its message
+// states: with Config.SecretKey set, only holders of the key can send one.
+// Receivers registered after Close are never called.
+func (m *Memberlist) Receive(fn func(from string, msg []byte)) (stop func()) {
+	return m.in.receive(fn)
+}
+
+// Dropped implements Messenger.
+func (m *Memberlist) Dropped() uint64 { return m.in.dropped.Load() }
+
+// messageDelegate hands the messages memberlist receives to the inbox. Its
+// NotifyMsg runs on memberlist's packet goroutine and never blocks; the
+// other methods are memberlist's hooks for gossiping state, unused here.
+type messageDelegate struct{ m *Memberlist }
+
+func (d messageDelegate) NotifyMsg(b []byte) {
+	from, msg, ok := parseFrame(b)
+	if !ok || string(from) == d.m.name {
+		d.m.in.drop()
+		return
+	}
+	d.m.in.deliver(string(from), msg)
+}
+
+func (messageDelegate) NodeMeta(limit int) []byte                  { return nil }
+func (messageDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (messageDelegate) LocalState(join bool) []byte                { return nil }
+func (messageDelegate) MergeRemoteState(buf []byte, join bool)     {}

@@ -286,6 +286,7 @@ func TestJoinInvalidConfig(t *testing.T) {
 		{"key of 33 bytes", Config{SecretKey: make([]byte, 33)}},
 		{"unknown profile", Config{Profile: 9}},
 		{"negative max", Config{MaxInstances: -1}},
+		{"name too long", Config{Name: strings.Repeat("n", MaxNameLength+1)}},
 		{"negative leave timeout", Config{LeaveTimeout: -time.Second}},
 		{"port out of range", Config{BindPort: 70000}},
 		{"negative join timeout", Config{JoinTimeout: -time.Second}},

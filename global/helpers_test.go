@@ -96,38 +96,57 @@ var snapshotScript = redis.NewScript(`
 local t = redis.call('TIME')
 return {t[1], t[2], redis.call('HGETALL', KEYS[1])}`)
 
-// snapshot returns the instances' leases at key and the server time (us)
-// at which they were read.
-func snapshot(rdb *redis.Client, key string) (map[string]leaseField, int64, error) {
+// hashState is a lease hash as read in one step with the server time.
+type hashState struct {
+	now    int64                 // server time, us
+	leases map[string]leaseField // by instance
+	exact  map[string]int64      // exact users' record expiry (us), by instance
+	pool   string                // the pool, "" if none
+	lost   int64                 // until when Redis lost leases, 0 if not
+}
+
+// readHash reads the hash at key and the server time in one step.
+func readHash(rdb *redis.Client, key string) (hashState, error) {
 	v, err := snapshotScript.Run(context.Background(), rdb, []string{key}).Slice()
 	if err != nil {
-		return nil, 0, err
+		return hashState{}, err
 	}
 	if len(v) != 3 {
-		return nil, 0, fmt.Errorf("snapshot: %v", v)
+		return hashState{}, fmt.Errorf("snapshot: %v", v)
 	}
 	sec, err1 := strconv.ParseInt(fmt.Sprint(v[0]), 10, 64)
 	us, err2 := strconv.ParseInt(fmt.Sprint(v[1]), 10, 64)
 	if err := errors.Join(err1, err2); err != nil {
-		return nil, 0, err
+		return hashState{}, err
 	}
 	kv, _ := v[2].([]any)
-	out := make(map[string]leaseField, len(kv)/2)
+	h := hashState{now: sec*1_000_000 + us, leases: map[string]leaseField{}, exact: map[string]int64{}}
 	for i := 0; i+1 < len(kv); i += 2 {
 		id, val := fmt.Sprint(kv[i]), fmt.Sprint(kv[i+1])
-		if id == "born" || strings.HasPrefix(id, "r:") {
-			continue // the key's birth, and recent releases
+		switch {
+		case id == "p":
+			h.pool = val
+		case id == "lost":
+			h.lost, err = strconv.ParseInt(val, 10, 64)
+		case strings.HasPrefix(id, "x:"):
+			h.exact[id[2:]], err = strconv.ParseInt(val, 10, 64)
+		case strings.HasPrefix(id, "i:"):
+			h.leases[id[2:]], err = parseLeaseField(val)
+		default:
+			err = fmt.Errorf("want i:, x:, p or lost")
 		}
-		if !strings.HasPrefix(id, "i:") {
-			return nil, 0, fmt.Errorf("lease hash field %q: want born, r:<instance> or i:<instance>", id)
-		}
-		f, err := parseLeaseField(val)
 		if err != nil {
-			return nil, 0, fmt.Errorf("lease field %s: %w", id, err)
+			return hashState{}, fmt.Errorf("lease hash field %s=%q: %w", id, val, err)
 		}
-		out[strings.TrimPrefix(id, "i:")] = f
 	}
-	return out, sec*1_000_000 + us, nil
+	return h, nil
+}
+
+// snapshot returns the instances' leases at key and the server time (us)
+// at which they were read.
+func snapshot(rdb *redis.Client, key string) (map[string]leaseField, int64, error) {
+	h, err := readHash(rdb, key)
+	return h.leases, h.now, err
 }
 
 // readLeases reads the lease hash at key back from Redis and parses it.
@@ -194,12 +213,12 @@ func waterFill(rate float64, wants []float64) []float64 {
 	return alloc
 }
 
-// fairSplit is what the lease script grants each of n instances with the
-// given wants once every instance has renewed: the max-min fair split when
-// the wants exceed rate; otherwise each want, plus an n-th of what nobody
-// wants once the key is no longer young (while it is, that share only up to
-// rate/n). A want of 0 (a release) is granted 0.
-func fairSplit(rate float64, wants []float64, n int, young bool) []float64 {
+// fairSplit is what the lease script counts as each instance's fair share
+// when all n instances have asked with the given wants: the max-min fair
+// split when the wants exceed rate; otherwise each want plus an n-th of
+// what nobody wants, but at least the default share rate/n while that much
+// is free beside the others' wants. A want of 0 (a release) is granted 0.
+func fairSplit(rate float64, wants []float64, n int) []float64 {
 	sum := 0.0
 	for _, w := range wants {
 		sum += w
@@ -209,11 +228,9 @@ func fairSplit(rate float64, wants []float64, n int, young bool) []float64 {
 	}
 	out := make([]float64, len(wants))
 	for i, w := range wants {
-		switch {
-		case w > 0 && young:
-			out[i] = max(w, min(rate/float64(n), w+(rate-sum)/float64(max(n, len(wants)))))
-		case w > 0:
-			out[i] = w + (rate-sum)/float64(max(n, len(wants)))
+		if w > 0 {
+			left := rate - sum
+			out[i] = max(w+left/float64(max(n, len(wants))), min(rate/float64(n), w+left))
 		}
 	}
 	return out

@@ -12,50 +12,65 @@ import (
 
 // LeaseRequest asks for, renews or releases one instance's rate lease on one
 // (limit, key).
+//
+// Redis counts every live instance of the key (see Instances): one with a
+// lease at the larger of its grant and Running, an exact user (see
+// ExactRequest) at Rate/Instances, the share it gave the key's pool, and
+// one with no record at all ("unrecorded") at its default share,
+// Rate/Instances, which it may run without asking.
 type LeaseRequest struct {
 	// Limit and Key name the lease hash, see Store.LeaseKey.
 	Limit, Key string
 	// Instance is the id of the asking instance (its membership name). It
-	// must not be empty.
+	// must not be empty, and a restarted process must not reuse its
+	// predecessor's: it would inherit its records.
 	Instance string
-	// Want is the rate in tokens per second the instance asks for. 0 releases
-	// its lease; while the key is young (see Cold) the hash remembers that
-	// the instance wants nothing, so it is not counted at Rate/N like one
-	// that has not asked yet.
+	// Want is the rate in tokens per second the instance asks for. 0 without
+	// Yield releases its lease (and its exact record): the instance is then
+	// unrecorded, counted at its default share again, but must not run that
+	// share before the release's Expires (see Lease.Expires).
 	Want float64
+	// Yield says the instance gives up everything above Want: it is granted
+	// at most Want, with no part of what nobody wants. With Want 0 it keeps
+	// a record granted 0, so that it is counted at 0 instead of at its
+	// default share until TTL.
+	Yield bool
 	// Rate is the limit's global rate in tokens per second, shared by all
 	// instances.
 	Rate float64
-	// Instances is N, the live instance count, at least 1. For Cold after
-	// the key's lease hash is created, instances that hold no live lease yet
-	// are counted as wanting Rate/N each, so that a cold start does not hand
-	// one instance the whole rate while the others run at their default
-	// share.
+	// Instances is N-hat, the largest instance count seen lately, at least
+	// 1. The instances of the key beyond those with a live record (this one
+	// included) are unrecorded: each is counted as running, and wanting,
+	// Rate/Instances.
 	Instances int
 	// TTL is the lease lifetime, at least one microsecond.
 	TTL time.Duration
-	// Cold is how long after a key's lease hash is created instances that
-	// have not asked yet are counted (see Instances); while it lasts, what
-	// nobody wants is not handed out either (an uncontended grant is the
-	// want alone, later the want plus an N-th of what nobody wants). Zero
-	// means TTL.
-	Cold time.Duration
-	// Running is the grant, in tokens per second, the instance is running
-	// now and RunningFor how much longer it will: it learns of the grant of
-	// this request only when the answer arrives, or never if the answer is
-	// lost. While RunningFor lasts, Redis counts the instance at the larger
-	// of Running and its new grant, so that what it gives up is not granted
-	// to the others before it stops running it. Zero for a key the instance
-	// holds no lease on.
+	// MaxTTL is the longest lease any instance may hold, used when Redis
+	// turns out to have lost its records (see Held). Zero, or anything
+	// below TTL, means TTL.
+	MaxTTL time.Duration
+	// Running is what the instance runs now on the key, in tokens per
+	// second, and RunningFor how much longer it will: it learns of the grant
+	// of this request only when the answer arrives, or never if the answer
+	// is lost. While RunningFor lasts, Redis counts the instance at the
+	// larger of Running and its new grant, so that what it gives up is not
+	// granted to the others before it stops running it. For a key in its
+	// default share, Running is that share; zero if the instance runs
+	// nothing on the key.
 	Running    float64
 	RunningFor time.Duration
+	// Held says Running is a grant Redis gave this instance, not its default
+	// share. A Held request with Running above 0 whose record Redis does not
+	// have proves that Redis lost state (FLUSHALL, a restart without
+	// persistence, a failover that lost writes): from then until MaxTTL
+	// later, when every lease granted before the loss has ended, every grant
+	// on the key is capped at the Running of its request (see Lease.Lost).
+	Held bool
 }
 
-func (r *LeaseRequest) cold() time.Duration {
-	if r.Cold == 0 {
-		return r.TTL
-	}
-	return r.Cold
+// maxTTL is the longest lease of any instance, at least r's.
+func (r *LeaseRequest) maxTTL() time.Duration {
+	return max(r.MaxTTL, r.TTL)
 }
 
 // validate checks r fully, so that no request Lua would reject reaches Redis.
@@ -71,8 +86,8 @@ func (r *LeaseRequest) validate() error {
 		return fmt.Errorf("%w: instances %d is less than 1", ErrInvalid, r.Instances)
 	case r.TTL < time.Microsecond:
 		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, r.TTL)
-	case r.Cold < 0:
-		return fmt.Errorf("%w: cold %v is negative", ErrInvalid, r.Cold)
+	case r.MaxTTL < 0:
+		return fmt.Errorf("%w: max ttl %v is negative", ErrInvalid, r.MaxTTL)
 	case !finite(r.Running) || r.Running < 0:
 		return fmt.Errorf("%w: running %v is not a non-negative finite number", ErrInvalid, r.Running)
 	case r.RunningFor < 0:
@@ -90,13 +105,21 @@ type Lease struct {
 	// means other instances still hold more than their share and will shrink
 	// at their next renewal, so asking again soon is worthwhile.
 	Fair float64
-	// Demand is the sum of the live wants, instances not seen yet counted at
-	// Rate/N.
+	// Demand is the sum of the live wants, exact users and unrecorded
+	// instances counted at Rate/Instances.
 	Demand float64
 	// Contended reports whether Demand exceeds the rate.
 	Contended bool
-	// Expires is the Redis server time at which the lease ends.
+	// Expires is the Redis server time at which the lease ends. For a
+	// release, it is when the instance may run its default share again:
+	// the request's own time if its record counted it at that share or
+	// more, otherwise when the other instances' leases, which may have been
+	// granted what it did not hold, have all ended.
 	Expires time.Time
+	// Lost reports that Redis lost leases that instances may still run, less
+	// than the longest lease ago: Granted is then at most the request's
+	// Running, so that no instance grows into them.
+	Lost bool
 	// Err is the failure of this request alone (for example WRONGTYPE at its
 	// key, or an error wrapping ErrInvalid), nil on success. When Err is set
 	// the other fields are zero.
@@ -108,10 +131,13 @@ type Lease struct {
 // (go-redis splits it per node on a Cluster); scripts missing from a node's
 // cache are sent again with EVAL in one more pipeline.
 //
-// Each grant is min(fair share, Rate − what the other live leases may be
-// running), so the sum of what the instances of a key may be running, each
-// counted at the larger of its grant and its Running until RunningFor ends,
-// never exceeds its rate.
+// Each grant is min(fair share, Rate − what all the other instances are
+// counted at, see LeaseRequest), so the sum of what the instances of a key
+// may be running, each counted at the larger of its grant and its Running
+// until RunningFor ends, never exceeds its rate. An uncontended fair share
+// is the want plus an N-th of what nobody wants, and at least the default
+// share Rate/Instances while that is free; a contended one is the want
+// capped at the max-min fair level.
 //
 // Invalid requests get an Err wrapping ErrInvalid in out and are not sent.
 // The returned error is non-nil only when the batch as a whole failed (no
@@ -131,10 +157,12 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 			formatFloat(r.Rate),
 			strconv.Itoa(r.Instances),
 			strconv.FormatInt(int64(r.TTL/time.Microsecond), 10),
-			strconv.FormatInt(int64(r.cold()/time.Microsecond), 10),
 			formatFloat(r.Running),
 			// Rounded up: Redis must count the grant until it has ended.
 			strconv.FormatInt(int64((r.RunningFor+time.Microsecond-1)/time.Microsecond), 10),
+			flag(r.Yield),
+			flag(r.Held),
+			strconv.FormatInt(int64(r.maxTTL()/time.Microsecond), 10),
 		}
 	}, func(i int) error { return reqs[i].validate() }, out)
 	if err != nil {
@@ -154,16 +182,19 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 	return nil
 }
 
-// Release drops the leases of reqs[i].Instance on (reqs[i].Limit,
-// reqs[i].Key) in one pipeline, so that their share is free for the other
-// instances at once. Only Limit, Key and Instance are used. Failures of single
+// Release drops the leases and exact records of reqs[i].Instance on
+// (reqs[i].Limit, reqs[i].Key) in one pipeline, so that their share is free
+// for the other instances at once; each instance is then unrecorded,
+// counted at its default share. Only Limit, Key and Instance are used: use
+// Lease with Want 0 to learn when the instance may run its default share
+// again (Lease.Expires). Failures of single
 // requests (an empty instance, WRONGTYPE) are joined into the returned error
 // but do not stop the others.
 func (s *Store) Release(ctx context.Context, reqs []LeaseRequest) error {
 	out := make([]Lease, len(reqs))
 	cmds, err := s.runLeases(ctx, "release", reqs, func(i int) []any {
-		// Want 0 releases; rate, n and ttl only need to be valid.
-		return []any{reqs[i].Instance, "0", "0", "1", "1", "0", "0", "0"}
+		// Want 0 releases; rate, n and the ttls only need to be valid.
+		return []any{reqs[i].Instance, "0", "0", "1", "1", "0", "0", "0", "0", "1"}
 	}, func(i int) error {
 		if reqs[i].Instance == "" {
 			return fmt.Errorf("%w: empty instance", ErrInvalid)
@@ -290,7 +321,7 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	f, err := replyStrings(v, 5)
+	f, err := replyStrings(v, 6)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -298,7 +329,7 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	fair, err2 := strconv.ParseFloat(f[1], 64)
 	demand, err3 := strconv.ParseFloat(f[2], 64)
 	expiry, err4 := strconv.ParseInt(f[4], 10, 64)
-	if err := errors.Join(err1, err2, err3, err4); err != nil || (f[3] != "0" && f[3] != "1") {
+	if err := errors.Join(err1, err2, err3, err4); err != nil || !isFlag(f[3]) || !isFlag(f[5]) {
 		return Lease{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
 	return Lease{
@@ -307,5 +338,6 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 		Demand:    demand,
 		Contended: f[3] == "1",
 		Expires:   time.UnixMicro(expiry),
+		Lost:      f[5] == "1",
 	}, nil
 }

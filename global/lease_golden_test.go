@@ -2,6 +2,7 @@ package global_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sort"
 	"strconv"
@@ -14,70 +15,95 @@ import (
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 )
 
-// TestLeaseScriptGolden runs lease.lua on a clock of its own (server TIME
-// replaced by two more arguments) through one key's history, and checks
-// every reply, the stored hash and its TTL against values worked out by
-// hand: the record formats, released markers, "born", the cleanup of dead
-// fields and the key's expiry are part of what the script promises.
+// TestLeaseScriptGolden runs lease.lua (after records.lua, as Store does)
+// on a clock of its own (server TIME replaced by two more arguments)
+// through one key's history, and checks every reply, the stored hash and
+// its TTL against values worked out by hand: the record formats, the
+// cleanup of dead fields and of version 1's "born" and "r:" fields, the
+// counting of unrecorded instances and exact users, yields, releases, lost
+// state and the key's expiry are part of what the script promises.
 func TestLeaseScriptGolden(t *testing.T) {
-	src, err := os.ReadFile("lease.lua")
-	if err != nil {
+	records, err1 := os.ReadFile("records.lua")
+	src, err2 := os.ReadFile("lease.lua")
+	if err := errors.Join(err1, err2); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Count(string(src), "redis.call('TIME')") != 1 {
 		t.Fatal("lease.lua: want exactly one redis.call('TIME') to replace")
 	}
-	script := redis.NewScript(strings.Replace(string(src), "redis.call('TIME')", "{ARGV[9], ARGV[10]}", 1))
+	script := redis.NewScript(string(records) + "\n" +
+		strings.Replace(string(src), "redis.call('TIME')", "{ARGV[11], ARGV[12]}", 1))
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	const key = "golden"
-	// The hash as an older version left it, 1s after it was born: live
-	// lease c in the three-field format; f, whose grant has ended but
-	// which said it runs 2 until 1003000000; junk; an ended marker.
+	// The hash as version 1 left it, 1s after it was born, with an exact
+	// user: live lease c in the three-field format; f, whose grant has
+	// ended but which said it runs 2 until 1003000000; junk; an ended
+	// marker; exact user e until 1005000000.
 	if err := rdb.HSet(ctx, key, "born", "999000000", "i:c", "2 2 1004000000",
-		"i:f", "1 3 999900000 2 1003000000", "i:x", "bad", "r:e", "999500000").Err(); err != nil {
+		"i:f", "1 3 999900000 2 1003000000", "i:x", "bad", "r:e", "999500000",
+		"x:e", "1005000000").Err(); err != nil {
 		t.Fatal(err)
 	}
-	// Rate 10, TTL 10s, cold 5s: the key is young until 1004000000.
+	// Rate 10, TTL 10s, MaxTTL 20s; N-hat 5 (default share 2) until step 9.
 	steps := []struct {
-		atMS int64  // server time, ms after 1000000000 us
-		args string // instance want n running running_us
-		want string // the reply
-		hash string // the hash after, sorted fields
-		ttl  int64  // PTTL after, ms (-2: no key)
+		atMS  int64  // server time, ms after 1000000000 us
+		flush bool   // delete the key first: Redis lost its state
+		args  string // instance want n running running_us yield held
+		want  string // the reply
+		hash  string // the hash after, sorted fields
+		ttl   int64  // PTTL after, ms (-2: no key)
 	}{
-		// Young: c and one unasked instance (at 10/3) beside a's 4; f's
-		// 2 counts against the rate, its want does not.
-		{0, "a 4 3 0 0", "4 4 9.3333333333333339 0 1010000000",
-			"born=999000000 i:a=4 4 1010000000 i:c=2 2 1004000000 i:f=1 3 999900000 2 1003000000", 10000},
-		// A release while young is remembered until the key is no longer.
-		{500, "d 0 3 0 0", "0 0 6 0 1000500000",
-			"born=999000000 i:a=4 4 1010000000 i:c=2 2 1004000000 i:f=1 3 999900000 2 1003000000 r:d=1004000000", 9500},
-		// Contended: level 4, but only 2 is free.
-		{1000, "b 9 4 0 0", "2 4 15 1 1011000000",
-			"born=999000000 i:a=4 4 1010000000 i:b=2 9 1011000000 i:c=2 2 1004000000 i:f=1 3 999900000 2 1003000000 r:d=1004000000", 10000},
-		// a shrinks to 1 but runs 4 until 1010000000: five fields.
-		{2000, "a 1 4 4 8000000", "1 1 12 1 1012000000",
-			"born=999000000 i:a=1 1 1012000000 4 1010000000 i:b=2 9 1011000000 i:c=2 2 1004000000 i:f=1 3 999900000 2 1003000000 r:d=1004000000", 10000},
-		// f has ended; b's fair share is 7, but a may still run 4 and c 2.
-		{3000, "b 9 4 2 8000000", "4 7 12 1 1013000000",
-			"born=999000000 i:a=1 1 1012000000 4 1010000000 i:b=4 9 1013000000 2 1011000000 i:c=2 2 1004000000 r:d=1004000000", 10000},
-		// No longer young, to the microsecond: c and the marker are gone;
-		// uncontended, b gets its want plus half of what nobody wants (7),
-		// capped by a's 4.
-		{4000, "b 5 2 4 5000000", "6 7 6 0 1014000000",
-			"born=999000000 i:a=1 1 1012000000 4 1010000000 i:b=6 5 1014000000 4 1009000000", 10000},
-		// A release, no longer young: no marker.
-		{7000, "a 0 2 0 0", "0 0 5 0 1007000000",
-			"born=999000000 i:b=6 5 1014000000 4 1009000000", 7000},
+		// c, f's claim, exact user e and one unrecorded instance (at 2)
+		// are counted: 8 of 10, so a gets 2 of its fair 4.
+		{0, false, "a 4 5 0 0 0 0", "2 4 10 0 1010000000 0",
+			"i:a=2 4 1010000000 i:c=2 2 1004000000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
+		// The unrecorded instance asks for 0.5: what nobody wants would
+		// give it 0.8, but its default share 2 is free.
+		{500, false, "d 0.5 5 0 0 0 0", "2 2 8.5 0 1010500000 0",
+			"i:a=2 4 1010000000 i:c=2 2 1004000000 i:d=2 0.5 1010500000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
+		// c yields everything: a record granted 0, counted at the 2 it
+		// runs for another second.
+		{1000, false, "c 0 5 2 1000000 1 1", "0 0 6.5 0 1011000000 0",
+			"i:a=2 4 1010000000 i:c=0 0 1011000000 2 1002000000 i:d=2 0.5 1010500000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
+		// f has ended, c's claim too: contended, b's level is 3.75, and 4
+		// is free.
+		{3000, false, "b 9 5 0 0 0 0", "3.75 3.75 15.5 1 1013000000 0",
+			"i:a=2 4 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000 i:d=2 0.5 1010500000 x:e=1005000000", 10000},
+		// a runs 2 for 6s more and gets what is left, 2.25: five fields.
+		{4000, false, "a 4 5 2 6000000 0 1", "2.25 3.75 15.5 1 1014000000 0",
+			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000 i:d=2 0.5 1010500000 x:e=1005000000", 10000},
+		// e has ended, to the microsecond. d releases a record of its
+		// default share: it may run that share again at once.
+		{5000, false, "d 0 5 0 0 0 0", "0 0 15 1 1005000000 0",
+			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000", 9000},
+		// c releases a record of 0: a's and b's grants counted it at 0, so
+		// it may run its default share only once they have ended.
+		{5500, false, "c 0 5 0 0 0 0", "0 0 17 1 1014000000 0",
+			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000", 8500},
+		// Redis lost everything; a says it holds a grant, running 1: lost
+		// until MaxTTL from now, and a may not grow beyond 1.
+		{6000, true, "a 4 5 1 4000000 0 1", "1 2 12 1 1016000000 1",
+			"i:a=1 4 1016000000 1 1010000000 lost=1026000000", 20000},
+		// While lost, b, which runs nothing, is granted nothing.
+		{7000, false, "b 9 5 0 0 0 0", "0 2 19 1 1017000000 1",
+			"i:a=1 4 1016000000 1 1010000000 i:b=0 9 1017000000 lost=1026000000", 19000},
+		// Lost has ended, and every lease: a alone (N-hat 1) gets it all.
+		{26000, false, "a 4 1 0 0 0 0", "10 10 4 0 1036000000 0",
+			"i:a=10 4 1036000000", 10000},
 		// The last lease released: the key goes.
-		{8000, "b 0 2 0 0", "0 0 0 0 1008000000", "", -2},
+		{27000, false, "a 0 1 0 0 0 0", "0 0 0 0 1027000000 0", "", -2},
 	}
 	for i, s := range steps {
+		if s.flush {
+			if err := rdb.Del(ctx, key).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
 		a := strings.Fields(s.args)
 		now := 1_000_000_000 + s.atMS*1000
-		v, err := script.Run(ctx, rdb, []string{key}, a[0], a[1], "10", a[2], "10000000", "5000000", a[3], a[4],
+		v, err := script.Run(ctx, rdb, []string{key}, a[0], a[1], "10", a[2], "10000000", a[3], a[4], a[5], a[6], "20000000",
 			strconv.FormatInt(now/1_000_000, 10), strconv.FormatInt(now%1_000_000, 10)).StringSlice()
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", i, s.args, err)

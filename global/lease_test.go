@@ -40,14 +40,15 @@ func TestLeaseSingle(t *testing.T) {
 		demand    float64
 		contended bool
 	}{
-		// Uncontended and young: the want plus what nobody wants, up to
-		// the default share rate/N.
+		// The instances that have not asked are counted as wanting and
+		// running their default share rate/N. Uncontended, the want plus
+		// an N-th of what nobody wants, but at least rate/N when free.
 		{"alone wants less than rate", 1, 30, 100, 30, false},
 		{"alone wants the rate", 1, 100, 100, 100, false},
 		{"alone wants more than rate", 1, 250, 100, 250, true},
-		{"cold of four wants everything", 4, 100, 25, 175, true},
-		{"cold of four wants little", 4, 10, 13.75, 85, false},
-		{"cold of two wants more", 2, 80, 50, 130, true},
+		{"first of four wants everything", 4, 100, 25, 175, true},
+		{"first of four wants little", 4, 10, 25, 85, false},
+		{"first of two wants more", 2, 80, 50, 130, true},
 	}
 	srv := redistest.Start(t)
 	store := global.New(srv.Client(t), "")
@@ -80,7 +81,8 @@ func TestLeaseConvergence(t *testing.T) {
 		{"skewed under", []float64{0.9, 0.033, 0.033, 0.033}},
 		{"skewed over", []float64{2, 0.1, 0.1, 0.1}},
 		{"all want everything", []float64{1, 1, 1, 1}},
-		// Want 0 releases: the idle instance is then known to want nothing.
+		// Want 0 releases: the idle instance is then unrecorded, counted as
+		// wanting and running its default share.
 		{"one released", []float64{0.6, 0.6, 0.6, 0}},
 	}
 	srv := redistest.Start(t)
@@ -92,13 +94,22 @@ func TestLeaseConvergence(t *testing.T) {
 			for i, w := range tt.wants {
 				wants[i] = w * rate
 			}
-			// An instance that released (want 0) is known to want nothing:
-			// it is not counted like one that has not asked yet.
-			fair := fairSplit(rate, wants, len(wants), true)
+			// An instance that released (want 0) is unrecorded: counted as
+			// wanting its default share, and granted nothing.
+			counted := make([]float64, len(wants))
+			for i, w := range wants {
+				counted[i] = w
+				if w == 0 {
+					counted[i] = rate / float64(len(wants))
+				}
+			}
+			fair := fairSplit(rate, counted, len(wants))
+			sumFair := 0.0
 			for i, w := range wants {
 				if w == 0 {
 					fair[i] = 0
 				}
+				sumFair += max(fair[i], counted[i]-w)
 			}
 			key := store.LeaseKey("conv", tt.name)
 			for round := range 4 {
@@ -108,10 +119,17 @@ func TestLeaseConvergence(t *testing.T) {
 						Want: w, Rate: rate, Instances: len(wants), TTL: 10 * time.Second,
 					})
 					checkSum(t, rdb, key, rate, fmt.Sprintf("round %d instance %d", round, i))
-					// From the third round on, every instance has shrunk to
-					// or grown to its max-min fair share.
-					if round >= 2 && (!approx(got.Granted, fair[i]) || !approx(got.Fair, fair[i])) {
-						t.Errorf("round %d instance %d: granted %v fair %v, want %v", round, i, got.Granted, got.Fair, fair[i])
+					// From the second round on every instance has asked, and
+					// its fair share is known; from the third on, every
+					// instance has shrunk or grown to it, unless the fair
+					// shares add up to more than the rate (each is at least
+					// the default share while that is free beside the
+					// others' wants, but not all of them can be).
+					if round >= 1 && !approx(got.Fair, fair[i]) {
+						t.Errorf("round %d instance %d: fair %v, want %v", round, i, got.Fair, fair[i])
+					}
+					if round >= 2 && sumFair <= rate*(1+1e-12) && !approx(got.Granted, fair[i]) {
+						t.Errorf("round %d instance %d: granted %v, want %v", round, i, got.Granted, fair[i])
 					}
 					if got.Granted > got.Fair*(1+1e-12) {
 						t.Errorf("round %d instance %d: granted %v above fair %v", round, i, got.Granted, got.Fair)
@@ -314,14 +332,9 @@ func TestLeaseRelease(t *testing.T) {
 	if got := lease(t, store, req("b", 0)); got.Granted != 0 {
 		t.Fatalf("Lease with want 0 granted %v", got.Granted)
 	}
-	// No lease is left. While the key is young (Cold, which defaults to
-	// TTL) the hash remembers who released, so that they are not counted
-	// as instances that have not asked; it expires with the cold window.
-	if left := readLeases(t, rdb, key); len(left) != 0 {
-		t.Fatalf("leases after the last release: %v", left)
-	}
-	if pttl, err := rdb.PTTL(ctx, key).Result(); err != nil || pttl <= 0 || pttl > 10*time.Second {
-		t.Fatalf("PTTL of the hash after the last release = %v, %v; want within the 10s cold window", pttl, err)
+	// No record is left, and the hash is gone with the last one.
+	if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("the hash after the last release: EXISTS = %d, %v; want 0", n, err)
 	}
 	// Releasing what is not held is fine.
 	if err := store.Release(ctx, []global.LeaseRequest{req("a", 0), req("zz", 0)}); err != nil {
@@ -496,6 +509,7 @@ func TestLeaseInvalid(t *testing.T) {
 		{"infinite running", func(r *global.LeaseRequest) { r.Running = inf() }},
 		{"negative running", func(r *global.LeaseRequest) { r.Running = -1 }},
 		{"negative running for", func(r *global.LeaseRequest) { r.RunningFor = -time.Millisecond }},
+		{"negative max ttl", func(r *global.LeaseRequest) { r.MaxTTL = -time.Second }},
 	}
 	store := global.New(noNetwork{}, "") // any network call panics
 	ctx := context.Background()
@@ -533,32 +547,6 @@ func TestLeaseInvalid(t *testing.T) {
 	}
 }
 
-// TestLeaseSurplusOnceSettled: an uncontended instance gets its want plus
-// an N-th of what nobody wants: up to rate/N while the key is young, in
-// full once it is older than Cold.
-func TestLeaseSurplusOnceSettled(t *testing.T) {
-	srv := redistest.Start(t)
-	store := global.New(srv.Client(t), "")
-	req := func(inst string, want float64, n int) global.LeaseRequest {
-		return global.LeaseRequest{Limit: "s", Key: fmt.Sprint("k", n), Instance: inst, Want: want, Rate: 100,
-			Instances: n, TTL: 10 * time.Second, Cold: time.Microsecond}
-	}
-	// The first call creates the hash: young, so the want plus what nobody
-	// wants (the three instances not seen yet are counted at 25 each) up
-	// to rate/N.
-	if got := lease(t, store, req("a", 10, 4)); !approx(got.Granted, 10+15/4.0) {
-		t.Fatalf("young key: granted %v, want %v", got.Granted, 10+15/4.0)
-	}
-	eventually(t, "want plus a quarter of the rest once the key is no longer young", func() bool {
-		return approx(lease(t, store, req("a", 10, 4)).Granted, 10+90/4.0)
-	})
-	// Two asking: each gets its want plus a quarter of the rest, so two
-	// quarters stay free for the other two.
-	if got := lease(t, store, req("b", 30, 4)); !approx(got.Granted, 30+(100-40)/4.0) {
-		t.Fatalf("second instance: granted %v, want %v", got.Granted, 30+(100-40)/4.0)
-	}
-}
-
 // TestLeaseRunningIsCounted: an instance whose grant shrinks says, in the
 // request, what it runs until the answer reaches it. Until that ends Redis
 // counts it at the larger grant, so the other instance is not granted the
@@ -570,34 +558,36 @@ func TestLeaseRunningIsCounted(t *testing.T) {
 	store := global.New(rdb, "")
 	const rate = 10.0
 	req := func(inst string, want, running float64, runningFor time.Duration) global.LeaseRequest {
-		// Cold 1µs: the key is not young, no instance is counted unasked.
 		return global.LeaseRequest{Limit: "run", Key: "k", Instance: inst, Want: want, Rate: rate, Instances: 2,
-			TTL: 10 * time.Second, Cold: time.Microsecond, Running: running, RunningFor: runningFor}
+			TTL: 10 * time.Second, Running: running, RunningFor: runningFor, Held: running > 0}
 	}
 	key := store.LeaseKey("run", "k")
-	// The request that creates the hash still counts b unasked; the next
-	// one, a microsecond later at least, no longer does.
-	first := lease(t, store, req("a", 9, 0, 0))
-	a := lease(t, store, req("a", 9, first.Granted, 10*time.Second))
-	if !approx(a.Granted, 9.5) {
-		t.Fatalf("a alone, wanting 9: granted %v, want 9 + half of what nobody wants = 9.5", a.Granted)
+	// b yields to 0.5, so a, wanting 9, gets 9 and half of what is left.
+	yield := req("b", 0.5, 0, 0)
+	yield.Yield = true
+	if b := lease(t, store, yield); !approx(b.Granted, 0.5) {
+		t.Fatalf("b yielding to 0.5: granted %v, want 0.5", b.Granted)
 	}
-	if b := lease(t, store, req("b", 10, 0, 0)); !approx(b.Granted, 0.5) {
-		t.Fatalf("b wanting 10 beside a's 9.5: granted %v, want the 0.5 left", b.Granted)
+	a := lease(t, store, req("a", 9, 0, 0))
+	if !approx(a.Granted, 9.25) {
+		t.Fatalf("a wanting 9 beside b's 0.5: granted %v, want 9 + half of what nobody wants = 9.25", a.Granted)
+	}
+	if b := lease(t, store, req("b", 10, 0.5, 10*time.Second)); !approx(b.Granted, 0.75) {
+		t.Fatalf("b wanting 10 beside a's 9.25: granted %v, want the 0.75 left", b.Granted)
 	}
 	const claim = 300 * time.Millisecond
-	shrunk := lease(t, store, req("a", 9, 9.5, claim))
+	shrunk := lease(t, store, req("a", 9, 9.25, claim))
 	claimed := time.Now()
 	if !approx(shrunk.Granted, 5) {
 		t.Fatalf("a renewing against b: granted %v, want its fair 5", shrunk.Granted)
 	}
 	checkSum(t, rdb, key, rate, "after a shrank")
-	if b := lease(t, store, req("b", 10, 0.5, 10*time.Second)); time.Since(claimed) < claim && !approx(b.Granted, 0.5) {
-		t.Fatalf("b while a may still run 9.5: granted %v, want 0.5", b.Granted)
+	if b := lease(t, store, req("b", 10, 0.75, 10*time.Second)); time.Since(claimed) < claim && !approx(b.Granted, 0.75) {
+		t.Fatalf("b while a may still run 9.25: granted %v, want 0.75", b.Granted)
 	}
 	checkSum(t, rdb, key, rate, "b beside a's claim")
 	waitFor(t, "b gets its fair share once a's claim ends", func() bool {
-		return approx(lease(t, store, req("b", 10, 0.5, 10*time.Second)).Granted, 5)
+		return approx(lease(t, store, req("b", 10, 0.75, 10*time.Second)).Granted, 5)
 	})
 	if time.Since(claimed) < claim {
 		t.Errorf("b got a's share %v after a's claim was made, before its %v ran out", time.Since(claimed), claim)

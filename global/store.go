@@ -31,9 +31,14 @@ var (
 	tokenBucketLua    string
 	tokenBucketScript = redis.NewScript(tokenBucketLua)
 
+	// records.lua holds the helpers of the scripts that read a key's lease
+	// hash; it is prepended to each.
+	//go:embed records.lua
+	recordsLua string
+
 	//go:embed lease.lua
 	leaseLua    string
-	leaseScript = redis.NewScript(leaseLua)
+	leaseScript = redis.NewScript(recordsLua + "\n" + leaseLua)
 )
 
 // Rediser is the part of a go-redis client that a Store uses. *redis.Client,
@@ -104,6 +109,17 @@ func (s *Store) BucketKey(limit, key string) string {
 func formatFloat(f float64) string {
 	return strconv.FormatFloat(f, 'g', -1, 64)
 }
+
+// flag formats b as the scripts read a boolean: "1" or "0".
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// isFlag reports whether s is a boolean as the scripts write one.
+func isFlag(s string) bool { return s == "0" || s == "1" }
 
 // finite reports whether f is neither NaN nor infinite.
 func finite(f float64) bool {

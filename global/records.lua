@@ -1,0 +1,142 @@
+-- The records of a key's lease hash, shared by lease.lua and exact.lua: the
+-- Go side prepends this file to each of them.
+--
+-- The hash of one (limit, key) holds, at server time now (microseconds):
+--   "i:<instance>"  a rate lease: "granted want expiry_us", or "granted
+--                   want expiry_us running running_until_us" when the
+--                   instance said it was running a grant until then;
+--   "x:<instance>"  an exact user, which decides each request against the
+--                   pool and runs nothing locally: "expiry_us";
+--   "p"             the pool, a token bucket: "tokens last_us";
+--   "lost"          until when (us) Redis is known to have lost leases
+--                   that instances may still run (see lease.lua).
+-- A live instance with neither an "i:" nor an "x:" record is "unrecorded":
+-- it may be running its default share, rate/n, and is counted so.
+--
+-- Redis runs this as Lua 5.1 and forbids globals: every name is local.
+
+-- decode_lease reads an "i:<instance>" value, in either format, into
+-- {granted, want, expiry, running, running_until}; nil if it is unreadable.
+-- A record without a running grant says it runs 0 until 0.
+local function decode_lease(v)
+  local g, w, e, rg, re = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if not g then
+    g, w, e = string.match(v, '^(%S+) (%S+) (%S+)$')
+    rg, re = '0', '0'
+  end
+  g, w, e, rg, re = tonumber(g), tonumber(w), tonumber(e), tonumber(rg), tonumber(re)
+  if not g or not w or not e or not rg or not re then
+    return nil
+  end
+  return {granted = g, want = w, expiry = e, running = rg, running_until = re}
+end
+
+-- encode_lease writes a lease for decode_lease: five fields if it has a
+-- running_until, three if not.
+local function encode_lease(l)
+  if l.running_until == nil then
+    return string.format('%.17g %.17g %d', l.granted, l.want, l.expiry)
+  end
+  return string.format('%.17g %.17g %d %.17g %d',
+    l.granted, l.want, l.expiry, l.running, l.running_until)
+end
+
+-- holds is what the instance of lease l may be running at now: its grant
+-- while the lease lives, and the larger grant it was running when it
+-- asked, until that ends.
+local function holds(l, now)
+  local h = 0
+  if l.expiry > now then h = l.granted end
+  if l.running_until > now and l.running > h then h = l.running end
+  return h
+end
+
+-- lease_end is when lease l stops counting: when both its grant and the
+-- grant it said it was running have ended.
+local function lease_end(l)
+  return math.max(l.expiry, l.running_until)
+end
+
+-- read_hash sorts out the fields of the lease hash at server time now, for
+-- instance inst. It returns a table of
+--   dead      the fields to delete: ended or unreadable records, fields of
+--             older versions ("born", "r:<instance>") and unknown ones;
+--   wants     the wants of the other instances whose grant lives;
+--   others    what the other instances' leases may be running (see holds);
+--   exact     how many other instances have a live "x:" record;
+--   recorded  how many other instances have a live "i:" or "x:" record:
+--             the others of the n live instances are unrecorded;
+--   last      when the latest of the others' records and "lost" ends, or 0;
+--   leases_end when the latest of the others' leases ends, or 0;
+--   own       this instance's live lease (decoded), or nil;
+--   own_x     whether this instance has a live "x:" record;
+--   lost      until when Redis lost leases, nil if it did not or that ended;
+--   pool      the pool's value, nil if there is none.
+local function read_hash(fields, inst, now)
+  local self, self_x = 'i:' .. inst, 'x:' .. inst
+  local h = {dead = {}, wants = {}, others = 0, exact = 0, recorded = 0,
+    last = 0, leases_end = 0, own = nil, own_x = false, lost = nil, pool = nil}
+  local seen = {} -- other instances with a live record, by id
+  for i = 1, #fields, 2 do
+    local id, v = fields[i], fields[i + 1]
+    local kind, who = string.sub(id, 1, 2), string.sub(id, 3)
+    if id == 'p' then
+      h.pool = v
+    elseif id == 'lost' then
+      local e = tonumber(v)
+      if not e or e <= now then
+        h.dead[#h.dead + 1] = id
+      else
+        h.lost = e
+        h.last = math.max(h.last, e)
+      end
+    elseif kind == 'x:' then
+      local e = tonumber(v)
+      if not e or e <= now then
+        h.dead[#h.dead + 1] = id
+      elseif id == self_x then
+        h.own_x = true
+      else
+        h.exact = h.exact + 1
+        if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end
+        h.last = math.max(h.last, e)
+      end
+    elseif kind == 'i:' then
+      local l = decode_lease(v)
+      if not l or lease_end(l) <= now then
+        h.dead[#h.dead + 1] = id
+      elseif id == self then
+        h.own = l
+      else
+        if l.expiry > now then h.wants[#h.wants + 1] = l.want end
+        h.others = h.others + holds(l, now)
+        if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end
+        h.last = math.max(h.last, lease_end(l))
+        h.leases_end = math.max(h.leases_end, lease_end(l))
+      end
+    else
+      h.dead[#h.dead + 1] = id
+    end
+  end
+  return h
+end
+
+-- hdel deletes the fields ids of key, in chunks: unpack is limited by the
+-- Lua stack.
+local function hdel(key, ids)
+  for i = 1, #ids, 1000 do
+    redis.call('HDEL', key, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
+-- expire_at makes key live until last (us), or deletes it if that has
+-- passed: the hash vanishes with its last record.
+local function expire_at(key, last, now)
+  if last > now then
+    -- At most about two centuries, so that the milliseconds stay exact.
+    local ms = math.ceil(math.min(last - now, 7e15) / 1000)
+    redis.call('PEXPIRE', key, string.format('%d', ms))
+  else
+    redis.call('DEL', key)
+  end
+end

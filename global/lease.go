@@ -112,9 +112,11 @@ type Lease struct {
 	Contended bool
 	// Expires is the Redis server time at which the lease ends. For a
 	// release, it is when the instance may run its default share again:
-	// the request's own time if its record counted it at that share or
-	// more, otherwise when the other instances' leases, which may have been
-	// granted what it did not hold, have all ended.
+	// the request's own time if its live record counted it at that share or
+	// more (a lease, or an exact record); otherwise (a lower record, or one
+	// that lapsed) when the other instances' leases, which may have been
+	// granted what it did not hold, have all ended. An instance whose
+	// record lapsed returns to its default share this way too.
 	Expires time.Time
 	// Lost reports that Redis lost leases that instances may still run, less
 	// than the longest lease ago: Granted is then at most the request's

@@ -31,9 +31,9 @@
 -- most rate, because this instance is granted at most rate minus what all
 -- the others are counted at, and it was counted at what it is running
 -- already. Otherwise records only shrink (expire or are released), but an
--- instance that releases a record below rate/n is unrecorded again: it
--- must not run its default share before the grants made meanwhile end
--- (expiry_us of the release). After Redis lost its records (FLUSHALL, a
+-- instance that releases a record below rate/n, or whose record lapsed,
+-- is unrecorded again: it must not run its default share before the
+-- grants made meanwhile end (expiry_us of the release). After Redis lost its records (FLUSHALL, a
 -- restart, a failover), the instances that still run pre-loss leases are
 -- not counted; until the longest of those has ended ("lost"), no grant
 -- exceeds what its instance says it runs, so nobody grows into them.
@@ -133,10 +133,14 @@ local expiry = now
 local last = h.last
 if release then
   redis.call('HDEL', key, self, self_x)
-  -- Counted at its default share from now on: at once if its record
-  -- already counted it at least that, else once the others' leases, which
-  -- may have been granted what it did not hold, have ended.
-  if h.own ~= nil and holds(h.own, now) < share then
+  -- Counted at its default share from now on: it may run that share at
+  -- once if its record counted it at least that (an exact record does,
+  -- and outlives any lease granted while it was counted lower, see
+  -- exact.lua); otherwise -- a lower record, or one that has lapsed and
+  -- may have been lower -- once the others' leases, which may have been
+  -- granted what it did not hold, have ended.
+  local counted_share = h.own_x ~= nil or (h.own ~= nil and holds(h.own, now) >= share)
+  if not counted_share then
     expiry = math.max(now, h.leases_end)
   end
 else

@@ -594,3 +594,169 @@ func TestLeaseRunningIsCounted(t *testing.T) {
 	}
 	checkSum(t, rdb, key, rate, "after a's claim ended")
 }
+
+// leaseStep is one request of a sequence on one key, and its grant.
+type leaseStep struct {
+	inst    string
+	want    float64
+	yield   bool
+	n       int
+	granted float64
+	// returnsIn, for a release, is how long after the call the instance
+	// may run its default share again (Lease.Expires), to within a second;
+	// 0 means at once.
+	returnsIn time.Duration
+	// ttl is the lease's TTL; zero means 10s.
+	ttl time.Duration
+	// after is how long after the sequence began the step is sent.
+	after time.Duration
+}
+
+// TestLeaseCounting: every live instance is counted, always: an instance
+// that never asked at its default share however old the key, a yielding
+// one at its record, one that released at its default share again.
+func TestLeaseCounting(t *testing.T) {
+	const rate = 100.0
+	tests := []struct {
+		name string
+		// old writes a version 1 "born" field 10 minutes in the past first.
+		old   bool
+		steps []leaseStep
+	}{
+		{"unrecorded counted on an old key", true, []leaseStep{
+			// c never asks: a and b are each granted what it leaves.
+			{inst: "a", want: 100, n: 3, granted: 100.0 / 3},
+			{inst: "b", want: 100, n: 3, granted: 100.0 / 3},
+			{inst: "a", want: 100, n: 3, granted: 100.0 / 3},
+		}},
+		{"fresh asker gets its default share when free", false, []leaseStep{
+			// Alone of four, wanting 10: 25, not 10 + 15/4.
+			{inst: "a", want: 10, n: 4, granted: 25},
+			// b beside a's 25 and two unrecorded: 25 of its fair share.
+			{inst: "b", want: 30, n: 4, granted: 25},
+			// a again: 20 is free beside the others' wants, its want plus
+			// a quarter of what nobody wants would be 12.5.
+			{inst: "a", want: 10, n: 4, granted: 20},
+		}},
+		{"yield caps at want", false, []leaseStep{
+			// Without Yield, 10 of two would get 50.
+			{inst: "a", want: 10, yield: true, n: 2, granted: 10},
+			{inst: "b", want: 100, n: 2, granted: 90},
+		}},
+		{"yield 0 keeps its slot", false, []leaseStep{
+			{inst: "a", want: 0, yield: true, n: 2, granted: 0},
+			// a is counted at 0, not at its default share 50.
+			{inst: "b", want: 100, n: 2, granted: 100},
+		}},
+		{"release puts the instance back to unrecorded", false, []leaseStep{
+			{inst: "a", want: 0, yield: true, n: 2, granted: 0},
+			{inst: "b", want: 100, n: 2, granted: 100},
+			// b's lease counted a at 0: a may run its share once it ends.
+			{inst: "a", want: 0, n: 2, granted: 0, returnsIn: 10 * time.Second},
+			// a is counted at its default share again.
+			{inst: "b", want: 100, n: 2, granted: 50},
+			// A release of a record of the default share or more: at once.
+			{inst: "b", want: 0, n: 2, granted: 0},
+		}},
+		{"a lapsed record returns through a release", false, []leaseStep{
+			{inst: "a", want: 0, yield: true, n: 2, granted: 0, ttl: 50 * time.Millisecond},
+			{inst: "b", want: 100, n: 2, granted: 100},
+			// a's record has lapsed, b's lease that counted a at 0 has
+			// not: a may not run its share before it ends.
+			{inst: "a", want: 0, n: 2, granted: 0, returnsIn: 10 * time.Second, after: 100 * time.Millisecond},
+		}},
+	}
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := store.LeaseKey("count", tt.name)
+			if tt.old {
+				now, err := rdb.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := rdb.HSet(ctx, key, "born", now.Add(-10*time.Minute).UnixMicro()).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			start := time.Now()
+			for i, s := range tt.steps {
+				waitFor(t, fmt.Sprint("step ", i, "'s time"), func() bool { return time.Since(start) >= s.after })
+				before := time.Now()
+				ttl := s.ttl
+				if ttl == 0 {
+					ttl = 10 * time.Second
+				}
+				got := lease(t, store, global.LeaseRequest{Limit: "count", Key: tt.name, Instance: s.inst,
+					Want: s.want, Yield: s.yield, Rate: rate, Instances: s.n, TTL: ttl})
+				if !approx(got.Granted, s.granted) || got.Lost {
+					t.Errorf("step %d (%+v): %+v, want granted %v", i, s, got, s.granted)
+				}
+				if s.want == 0 && !s.yield {
+					if d := got.Expires.Sub(before); d < s.returnsIn-time.Second || d > s.returnsIn+time.Second {
+						t.Errorf("step %d (%+v): the release says return in %v, want %v", i, s, d, s.returnsIn)
+					}
+				}
+				checkSum(t, rdb, key, rate, fmt.Sprint("step ", i))
+			}
+			if h, err := rdb.HExists(ctx, key, "born").Result(); err != nil || h {
+				t.Errorf("the hash still has version 1's born field: %v, %v", h, err)
+			}
+		})
+	}
+}
+
+// TestLeaseLost: after a FLUSHALL, an instance that says it holds a grant
+// finds no record of it: Redis reports Lost, and until MaxTTL has passed
+// no grant exceeds what its instance says it runs, so no instance grows
+// into leases granted before the loss that Redis no longer counts.
+func TestLeaseLost(t *testing.T) {
+	const (
+		rate   = 100.0
+		ttl    = 100 * time.Millisecond
+		maxTTL = 400 * time.Millisecond
+	)
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	req := func(inst string, want, running float64, held bool) global.LeaseRequest {
+		r := global.LeaseRequest{Limit: "lost", Key: "k", Instance: inst, Want: want, Rate: rate, Instances: 2,
+			TTL: ttl, MaxTTL: maxTTL, Running: running, Held: held}
+		if running > 0 {
+			r.RunningFor = ttl
+		}
+		return r
+	}
+	a := req("a", 20, 0, false)
+	a.Yield = true
+	if got := lease(t, store, a); !approx(got.Granted, 20) || got.Lost {
+		t.Fatalf("a yielding to 20: %+v", got)
+	}
+	if got := lease(t, store, req("b", 100, 0, false)); !approx(got.Granted, 80) || got.Lost {
+		t.Fatalf("b beside a's 20: %+v, want 80", got)
+	}
+	srv.FlushAll(t)
+	detected := time.Now()
+	// a wants to grow: its fair share is 50, but it says it runs 20.
+	if got := lease(t, store, req("a", 100, 20, true)); !approx(got.Granted, 20) || !got.Lost || !approx(got.Fair, 50) {
+		t.Fatalf("a after the loss: %+v, want granted 20 (its running), fair 50, lost", got)
+	}
+	// A request that is not Held, running nothing, is granted nothing.
+	if got := lease(t, store, req("c", 100, 0, false)); got.Granted != 0 || !got.Lost {
+		t.Fatalf("c after the loss: %+v, want granted 0, lost", got)
+	}
+	// Once MaxTTL has passed, grants grow again.
+	var got global.Lease
+	waitFor(t, "a's grant to grow after MaxTTL", func() bool {
+		got = lease(t, store, req("a", 100, 20, true))
+		return !got.Lost
+	})
+	if since := time.Since(detected); since < maxTTL {
+		t.Errorf("Lost ended %v after the loss was detected, before MaxTTL %v", since, maxTTL)
+	}
+	if !approx(got.Granted, 50) {
+		t.Errorf("a after Lost ended: %+v, want granted 50", got)
+	}
+}

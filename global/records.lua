@@ -69,13 +69,13 @@ end
 --   last      when the latest of the others' records and "lost" ends, or 0;
 --   leases_end when the latest of the others' leases ends, or 0;
 --   own       this instance's live lease (decoded), or nil;
---   own_x     whether this instance has a live "x:" record;
+--   own_x     when this instance's live "x:" record ends, or nil;
 --   lost      until when Redis lost leases, nil if it did not or that ended;
 --   pool      the pool's value, nil if there is none.
 local function read_hash(fields, inst, now)
   local self, self_x = 'i:' .. inst, 'x:' .. inst
   local h = {dead = {}, wants = {}, others = 0, exact = 0, recorded = 0,
-    last = 0, leases_end = 0, own = nil, own_x = false, lost = nil, pool = nil}
+    last = 0, leases_end = 0, own = nil, own_x = nil, lost = nil, pool = nil}
   local seen = {} -- other instances with a live record, by id
   for i = 1, #fields, 2 do
     local id, v = fields[i], fields[i + 1]
@@ -95,7 +95,7 @@ local function read_hash(fields, inst, now)
       if not e or e <= now then
         h.dead[#h.dead + 1] = id
       elseif id == self_x then
-        h.own_x = true
+        h.own_x = e
       else
         h.exact = h.exact + 1
         if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end

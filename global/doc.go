@@ -16,6 +16,14 @@
 // when an answer is lost after Redis ran the request. Many leases are renewed
 // in one pipelined round trip.
 //
+// Redis counts every live instance of a key, always: one with a lease at
+// what it may be running, one that decides the key exactly (Store.TakeExact)
+// at the default share it gave the key's pool, and one with no record at
+// its default share rate/N, which it may run without asking. The pool, a
+// token bucket in the key's lease hash, holds the part of the rate and
+// burst that no lease and no default share holds; exact users take from it
+// one request at a time.
+//
 // A Store does not decide anything by itself about outages or local quotas;
 // package hybrid composes it with a local limiter and a membership count.
 package global

@@ -66,3 +66,29 @@ func ExampleStore_Lease() {
 	// On shutdown, free the shares for the other instances at once.
 	_ = store.Release(context.Background(), reqs)
 }
+
+// This example needs a Redis server, so it is compiled but not run.
+func ExampleStore_TakeExact() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	store := global.New(rdb, "")
+
+	// Instance "web-1" of 4 decides key "user-42" exactly: it hands the
+	// pool the 2 tokens left in its local bucket when it joins, then takes
+	// one token per request.
+	take, err := store.TakeExact(context.Background(), global.ExactRequest{
+		Limit: "api", Key: "user-42", Instance: "web-1",
+		Rate: 100, Burst: 8, Instances: 4,
+		N: 1, TTL: 5 * time.Second, Give: 2,
+	})
+	switch {
+	case err != nil:
+		fmt.Println("redis could not decide:", err)
+	case take.Allowed:
+		fmt.Printf("allowed, %d left in a pool of %.0f tokens/s\n", take.Remaining, take.PoolRate)
+	case take.RetryAfter == global.Never:
+		fmt.Println("denied: the pool is too small for this request now")
+	default:
+		fmt.Println("denied, retry after", take.RetryAfter)
+	}
+}

@@ -39,6 +39,10 @@ var (
 	//go:embed lease.lua
 	leaseLua    string
 	leaseScript = redis.NewScript(recordsLua + "\n" + leaseLua)
+
+	//go:embed exact.lua
+	exactLua    string
+	exactScript = redis.NewScript(recordsLua + "\n" + exactLua)
 )
 
 // Rediser is the part of a go-redis client that a Store uses. *redis.Client,

@@ -8,17 +8,27 @@ import (
 	"time"
 )
 
-// Take is the outcome of TakeN. A denial is a value, not an error.
+// Never is the RetryAfter of a denial that no amount of waiting can turn
+// into an admission: math.MaxInt64, about 292 years.
+const Never = time.Duration(math.MaxInt64)
+
+// Take is the outcome of TakeN or TakeExact. A denial is a value, not an
+// error.
 type Take struct {
 	// Allowed reports whether the n tokens were taken.
 	Allowed bool
-	// Remaining is the number of whole tokens left in the bucket after the
-	// call.
+	// Remaining is the number of whole tokens left in the bucket (for
+	// TakeExact, the pool) after the call.
 	Remaining int64
 	// RetryAfter is 0 when Allowed; otherwise the time until n tokens will be
-	// in the bucket if nobody else takes any. It is negative when n tokens
-	// can never be there because n exceeds the burst.
+	// in the bucket if nobody else takes any. It is Never when n tokens can
+	// never be there: n exceeds the burst (for TakeExact, the pool's burst
+	// as it is now, or its rate is 0).
 	RetryAfter time.Duration
+	// PoolRate and PoolBurst are, for TakeExact, the rate in tokens per
+	// second and the capacity in tokens of the key's pool as this call
+	// computed them; zero for TakeN.
+	PoolRate, PoolBurst float64
 }
 
 // TakeN runs the classic atomic token bucket of (limit, key) in Redis: it
@@ -71,7 +81,7 @@ func parseTake(v any) (Take, error) {
 	switch {
 	case t.Allowed:
 	case retryUS < 0:
-		t.RetryAfter = -1
+		t.RetryAfter = Never
 	default:
 		t.RetryAfter = time.Duration(retryUS) * time.Microsecond
 	}

@@ -18,7 +18,7 @@ type takeStep struct {
 	n         int
 	allowed   bool
 	remaining int64
-	// retry: 0 means RetryAfter must be 0, -1 means negative (never),
+	// retry: 0 means RetryAfter must be 0, -1 means Never,
 	// 1 means positive and at most n/rate.
 	retry int
 }
@@ -67,8 +67,8 @@ func TestTakeNSequences(t *testing.T) {
 						t.Errorf("step %d: RetryAfter = %v, want 0", i, got.RetryAfter)
 					}
 				case -1:
-					if got.RetryAfter >= 0 {
-						t.Errorf("step %d: RetryAfter = %v, want negative (never)", i, got.RetryAfter)
+					if got.RetryAfter != global.Never {
+						t.Errorf("step %d: RetryAfter = %v, want Never", i, got.RetryAfter)
 					}
 				default:
 					max := time.Duration(float64(st.n) / rate * float64(time.Second))

@@ -1,0 +1,237 @@
+package global_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// placement is where a simulated instance decides a key.
+type placement int
+
+const (
+	placeShare  placement = iota // its default share, rate/n, no record asked for
+	placeLease                   // a lease (or a yield), run is what it runs
+	placeExact                   // the pool: nothing locally
+	placeReturn                  // released: nothing until back, then its share
+)
+
+// simKey is one simulated instance's state on one key.
+type simKey struct {
+	place placement
+	run   float64   // placeLease: what it runs until until
+	until time.Time // placeLease: when run ends; placeReturn: when it is back (zero: not yet known)
+}
+
+// runs is what the instance runs at now, with default share def.
+func (s simKey) runs(now time.Time, def float64) float64 {
+	switch s.place {
+	case placeShare:
+		return def
+	case placeLease:
+		if s.until.After(now) {
+			return s.run
+		}
+	case placeReturn:
+		if !s.until.IsZero() && !s.until.After(now) {
+			return def
+		}
+	}
+	return 0
+}
+
+// poolRate is the rate of the pool of the hash h for n instances: what the
+// leases and the unrecorded instances leave, 0 when no instance is exact.
+func poolRate(h hashState, rate float64, n int) float64 {
+	if len(h.exact) == 0 {
+		return 0
+	}
+	recorded := map[string]bool{}
+	held := 0.0
+	for id, f := range h.leases {
+		if max(f.expiryUS, f.runningUS) > h.now {
+			recorded[id] = true
+		}
+		if f.expiryUS > h.now {
+			held += f.granted
+		}
+		if f.runningUS > h.now && f.running > f.granted*boolFloat(f.expiryUS > h.now) {
+			held += f.running - f.granted*boolFloat(f.expiryUS > h.now)
+		}
+	}
+	for id, e := range h.exact {
+		if e > h.now {
+			recorded[id] = true
+		}
+	}
+	unrecorded := max(0, n-len(recorded))
+	return max(0, rate-held-float64(unrecorded)*rate/float64(n))
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestPoolRandomInvariant: simulated instances move at random between
+// their default share, leases, yields, releases and exact takes, and lose
+// a quarter of the lease answers; each lowers what it runs before it asks,
+// and raises it only on an answer. At every step, what the instances run
+// on a key plus the rate of its pool is at most the key's rate.
+func TestPoolRandomInvariant(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	const (
+		workers   = 3
+		perWorker = 2 // instances
+		n         = workers * perWorker
+		calls     = 300
+		keys      = 2
+	)
+	rates := [keys]float64{10, 0.5}
+	var mu sync.Mutex // guards sim, and orders each check after the updates before it
+	sim := map[[2]string]simKey{}
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for c := 0; c < calls && !failed.Load(); c++ {
+				k := rng.IntN(keys)
+				key, rate := fmt.Sprint(k), rates[k]
+				id := [2]string{fmt.Sprintf("w%d-i%d", w, rng.IntN(perWorker)), key}
+				ttl := time.Duration(1+rng.IntN(200)) * time.Millisecond
+				if err := simStep(rng, store, &mu, sim, id, rate, n, ttl); err != nil {
+					t.Errorf("worker %d call %d: %v", w, c, err)
+					failed.Store(true)
+					return
+				}
+				if err := checkPool(rdb, store, &mu, sim, key, rate, n); err != nil {
+					t.Errorf("worker %d call %d: %v", w, c, err)
+					failed.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// simStep makes instance id do one random thing on its key.
+func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, id [2]string, rate float64, n int, ttl time.Duration) error {
+	ctx := context.Background()
+	def := rate / float64(n)
+	mu.Lock()
+	s := sim[id]
+	now := time.Now()
+	if s.place == placeReturn && s.runs(now, def) > 0 {
+		s = simKey{place: placeShare}
+	}
+	cur := s.runs(now, def)
+	req := global.LeaseRequest{Limit: "pool", Key: id[1], Instance: id[0], Rate: rate, Instances: n,
+		TTL: ttl, MaxTTL: 200 * time.Millisecond}
+	switch op := rng.IntN(10); {
+	case op < 4: // lease: says what it runs, held if a grant
+		req.Want = rng.Float64() * 2 * rate
+		if cur > 0 {
+			req.Running, req.Held = cur, s.place == placeLease
+			req.RunningFor = ttl
+			if s.place == placeLease {
+				req.RunningFor = s.until.Sub(now)
+			}
+			s = simKey{place: placeLease, run: cur, until: now.Add(req.RunningFor)}
+		} else {
+			s = simKey{place: placeLease}
+		}
+	case op < 6: // yield: lowers what it runs first
+		req.Want, req.Yield = rng.Float64()*def, true
+		if rng.IntN(3) == 0 {
+			req.Want = 0
+		}
+		low := min(cur, req.Want)
+		if low > 0 {
+			req.Running, req.Held, req.RunningFor = low, s.place == placeLease, ttl
+			if s.place == placeLease {
+				req.RunningFor = s.until.Sub(now)
+			}
+		}
+		s = simKey{place: placeLease, run: low, until: now.Add(req.RunningFor)}
+	case op < 8: // release: stops first, back once the answer says so
+		sim[id] = simKey{place: placeReturn}
+		mu.Unlock()
+		out := make([]global.Lease, 1)
+		if err := store.Lease(ctx, []global.LeaseRequest{req}, out); err != nil || out[0].Err != nil {
+			return fmt.Errorf("release: %v %v", err, out[0].Err)
+		}
+		mu.Lock()
+		sim[id] = simKey{place: placeReturn, until: out[0].Expires}
+		mu.Unlock()
+		return nil
+	default: // exact: stops its lease first
+		sim[id] = simKey{place: placeExact}
+		mu.Unlock()
+		_, err := store.TakeExact(ctx, global.ExactRequest{Limit: "pool", Key: id[1], Instance: id[0], Rate: rate,
+			Burst: 10, Instances: req.Instances, N: rng.IntN(3), TTL: ttl})
+		return err
+	}
+	sim[id] = s
+	mu.Unlock()
+	out := make([]global.Lease, 1)
+	if err := store.Lease(ctx, []global.LeaseRequest{req}, out); err != nil || out[0].Err != nil {
+		return fmt.Errorf("lease %+v: %v %v", req, err, out[0].Err)
+	}
+	if out[0].Granted < 0 || out[0].Granted > rate*(1+1e-12) || (req.Yield && out[0].Granted > req.Want*(1+1e-12)) {
+		return fmt.Errorf("lease %+v = %+v", req, out[0])
+	}
+	if rng.IntN(4) != 0 {
+		// The answer arrived: the grant is in force from now until a TTL
+		// after the request went out.
+		mu.Lock()
+		sim[id] = simKey{place: placeLease, run: out[0].Granted, until: now.Add(ttl)}
+		mu.Unlock()
+	}
+	return nil
+}
+
+// checkPool reads key's hash and checks, in one step with the simulated
+// instances, that what they run plus the pool's rate is at most rate.
+func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, key string, rate float64, n int) error {
+	mu.Lock()
+	defer mu.Unlock()
+	h, err := readHash(rdb, store.LeaseKey("pool", key))
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	runs := 0.0
+	var who []string
+	for id, s := range sim {
+		if id[1] == key {
+			r := s.runs(now, rate/float64(n))
+			runs += r
+			who = append(who, fmt.Sprintf("%s:%d/%.3g", id[0], s.place, r))
+		}
+	}
+	// Instances that have not acted yet run their default share.
+	for range n - len(who) {
+		runs += rate / float64(n)
+	}
+	pool := poolRate(h, rate, n)
+	if runs+pool > rate*(1+1e-9)+1e-9 {
+		return fmt.Errorf("key %s: the instances run %v and the pool %v, above the rate %v: %s; hash %+v",
+			key, runs, pool, rate, strings.Join(who, " "), h)
+	}
+	return nil
+}

@@ -193,11 +193,14 @@ type cluster struct {
 	mu      sync.Mutex // guards the fields below
 	members map[int]*membership.Static
 	names   int
+	// bus carries the instances' messages to each other (the asks to
+	// yield of Hybrid mode), as gossip would.
+	bus *membership.Bus
 }
 
 // newCluster starts n instances.
 func newCluster(s *setup, n int) (*cluster, error) {
-	c := &cluster{setup: s, slots: make([]instance, n), members: make(map[int]*membership.Static)}
+	c := &cluster{setup: s, slots: make([]instance, n), members: make(map[int]*membership.Static), bus: membership.NewBus()}
 	for i := range c.slots {
 		c.members[i] = c.member(n)
 	}
@@ -216,7 +219,9 @@ func newCluster(s *setup, n int) (*cluster, error) {
 // before the run starts.
 func (c *cluster) member(n int) *membership.Static {
 	c.names++
-	return membership.NewStatic(fmt.Sprintf("bench-%d", c.names), n)
+	m := membership.NewStatic(fmt.Sprintf("bench-%d", c.names), n)
+	m.Connect(c.bus)
+	return m
 }
 
 // leave closes slot's instance and tells the others they are one fewer.
@@ -229,6 +234,9 @@ func (c *cluster) leave(ctx context.Context, slot int) error {
 		err = inst.close(ctx)
 	}
 	c.mu.Lock()
+	if m := c.members[slot]; m != nil {
+		m.Connect(nil)
+	}
 	delete(c.members, slot)
 	for _, m := range c.members {
 		m.Set(len(c.members))

@@ -66,6 +66,10 @@ type LeaseRequest struct {
 	// later, when every lease granted before the loss has ended, every grant
 	// on the key is capped at the Running of its request (see Lease.Lost).
 	Held bool
+	// ExactBursts says the limit's instances never run a default share
+	// without asking (see ExactRequest.ExactBursts): instances that hold no
+	// record of the key are then counted at 0, not at Rate/Instances.
+	ExactBursts bool
 }
 
 // maxTTL is the longest lease of any instance, at least r's.
@@ -122,6 +126,11 @@ type Lease struct {
 	// than the longest lease ago: Granted is then at most the request's
 	// Running, so that no instance grows into them.
 	Lost bool
+	// In is Expires as a span from the moment the script ran, which the
+	// caller can add to its own clock: the lease's TTL for a grant, and
+	// for a release how long until the instance may run its default share
+	// again (0 when it may at once).
+	In time.Duration
 	// Err is the failure of this request alone (for example WRONGTYPE at its
 	// key, or an error wrapping ErrInvalid), nil on success. When Err is set
 	// the other fields are zero.
@@ -165,6 +174,7 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 			flag(r.Yield),
 			flag(r.Held),
 			strconv.FormatInt(int64(r.maxTTL()/time.Microsecond), 10),
+			flag(r.ExactBursts),
 		}
 	}, func(i int) error { return reqs[i].validate() }, out)
 	if err != nil {
@@ -323,7 +333,7 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	f, err := replyStrings(v, 6)
+	f, err := replyStrings(v, 7)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -331,7 +341,8 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	fair, err2 := strconv.ParseFloat(f[1], 64)
 	demand, err3 := strconv.ParseFloat(f[2], 64)
 	expiry, err4 := strconv.ParseInt(f[4], 10, 64)
-	if err := errors.Join(err1, err2, err3, err4); err != nil || !isFlag(f[3]) || !isFlag(f[5]) {
+	in, err5 := strconv.ParseInt(f[6], 10, 64)
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil || !isFlag(f[3]) || !isFlag(f[5]) {
 		return Lease{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
 	return Lease{
@@ -341,5 +352,6 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 		Contended: f[3] == "1",
 		Expires:   time.UnixMicro(expiry),
 		Lost:      f[5] == "1",
+		In:        time.Duration(in) * time.Microsecond,
 	}, nil
 }

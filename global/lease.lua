@@ -16,6 +16,9 @@
 --          and with want 0 keeps a record granted 0
 -- ARGV[9]  held ("0"/"1"): running is a grant Redis gave this instance
 -- ARGV[10] max_ttl_us, the longest lease any instance may hold (>= 1)
+-- ARGV[11] exact_bursts ("0"/"1", absent = "0"): the limit's instances
+--          never run a default share unasked (their first decision on a
+--          key asks Redis), so unrecorded instances are counted at 0
 --
 -- Returns {granted, fair, demand, contended ("0"/"1"), expiry_us, lost
 -- ("0"/"1")}, all strings because Redis truncates Lua numbers to integers.
@@ -84,6 +87,7 @@ local running = tonumber(ARGV[6])
 local running_us = tonumber(ARGV[7])
 local yield, held = ARGV[8] == '1', ARGV[9] == '1'
 local max_ttl = tonumber(ARGV[10])
+local exact_bursts = ARGV[11] == '1'
 local valid = inst ~= nil and inst ~= '' and want and rate and n and ttl
   and running and running_us and max_ttl
   and (ARGV[8] == '0' or ARGV[8] == '1') and (ARGV[9] == '0' or ARGV[9] == '1')
@@ -116,6 +120,7 @@ end
 -- default share, which is what the exact users gave the pool and what the
 -- unrecorded may run without asking.
 local unrecorded = math.max(0, math.floor(n) - 1 - h.recorded)
+if exact_bursts then unrecorded = 0 end
 local wants = h.wants
 for _ = 1, h.exact + unrecorded do
   wants[#wants + 1] = share
@@ -175,4 +180,5 @@ return {
   contended,
   string.format('%d', expiry),
   is_lost,
+  string.format('%d', expiry - now),
 }

@@ -54,6 +54,7 @@ func TestRedisCluster(t *testing.T) {
 	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 	counters := make([]*pipelineCounter, instances)
 	inst := make([]*hybrid.Limiter, instances)
+	bus := membership.NewBus()
 	for i := range inst {
 		pc := &pipelineCounter{byNode: map[string]int{}}
 		counters[i] = pc
@@ -61,7 +62,7 @@ func TestRedisCluster(t *testing.T) {
 			WriteTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
 		cc.OnNewNode(func(c *redis.Client) { c.AddHook(pc.hook(c.Options().Addr)) })
 		t.Cleanup(func() { _ = cc.Close() })
-		inst[i] = newLimiter(t, hybrid.Config{Redis: cc, Members: membership.NewStatic(fmt.Sprint("instance-", i), instances), Limits: []hybrid.Limit{lim}})
+		inst[i] = newLimiter(t, hybrid.Config{Redis: cc, Members: connected(membership.NewStatic(fmt.Sprint("instance-", i), instances), bus), Limits: []hybrid.Limit{lim}})
 	}
 	before := make([]int64, len(cl.Masters))
 	for i, m := range cl.Masters {

@@ -68,7 +68,8 @@ func (w *demandWindow) rate(now time.Time, st *local.KeyStats, def float64) floa
 		return 0
 	}
 	if !from.cold {
-		return float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
+		r := float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
+		return r
 	}
 	// The window opens with the key's first request: count the gaps
 	// between requests, not the requests, or a new key with a request every

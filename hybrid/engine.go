@@ -147,6 +147,7 @@ type lease struct {
 	returning     bool      // releasing: the release was acknowledged; the key returns to its default share at until
 	deniedAt      int64     // the key's Denied counter when last looked at
 	demandNow     float64   // share placement: the demand last measured, at most a second ago
+	measured      bool      // demandNow was measured over a second or more
 	demand        demandWindow
 }
 
@@ -329,6 +330,7 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 			if now.Sub(le.demand.lastAt()) >= time.Second {
 				le.demandNow = le.demand.rate(now, st, def)
 				le.demand.record(now, st.Attempted)
+				le.measured = true
 			}
 			return calls
 		}
@@ -508,10 +510,10 @@ func (e *engine) answered(at, sent time.Time, c *call, res *global.Lease) (assig
 			// Leases granted while Redis counted this instance at its
 			// record may run until ReturnAfter: until then it runs no
 			// more than that record.
-			le.returning, le.until = true, at.Add(res.ReturnAfter)
+			le.returning, le.until = true, at.Add(res.In)
 			le.contended, le.stable = false, 0
 			e.shares.SetMark(c.req.Key, 0)
-			if res.ReturnAfter <= 0 {
+			if res.In <= 0 {
 				le.state, le.returning, le.granted = stateDefault, false, 0
 				e.shares.Unassign(at, c.req.Key)
 			}
@@ -604,8 +606,10 @@ func (e *engine) yieldAsked(now time.Time, key string, n int) {
 		le.demand.open(now)
 		e.keys[key] = le
 	case le.state == stateDefault:
+		// A key whose demand has not been measured over a second yet may
+		// need its share: it keeps it.
 		d := le.demandNow * headroom
-		if d >= def*yieldBelow {
+		if !le.measured || d >= def*yieldBelow {
 			return
 		}
 		if !e.shares.Assign(now, key, e.share(d), now.Add(2*life)) {

@@ -67,7 +67,11 @@ type flagRecorder struct{ r *rig }
 func (f flagRecorder) Assign(t time.Time, key string, s local.Share, until time.Time) bool {
 	return f.r.loc.Assign(t, key, s, until)
 }
+func (f flagRecorder) AssignNew(t time.Time, key string, s local.Share, until time.Time) bool {
+	return f.r.loc.AssignNew(t, key, s, until)
+}
 func (f flagRecorder) Unassign(t time.Time, key string) bool { return f.r.loc.Unassign(t, key) }
+func (f flagRecorder) SetMark(key string, m uint8) bool      { return f.r.loc.SetMark(key, m) }
 func (f flagRecorder) SetFlag(key string, on bool) bool {
 	f.r.flags[key] = on
 	return f.r.loc.SetFlag(key, on)
@@ -110,7 +114,7 @@ func tick() op {
 func grant(granted, fair float64, contended bool) op {
 	return op{fmt.Sprintf("grant(%v, fair %v, contended %v)", granted, fair, contended), func(r *rig, now time.Time) []call {
 		res := global.Lease{Granted: granted, Fair: fair, Contended: contended}
-		r.assigned, r.recovered = r.eng.granted(now, r.sentAt, r.onlyPending(), &res)
+		r.assigned, r.recovered = r.eng.answered(now, r.sentAt, r.onlyPending(), &res)
 		return nil
 	}}
 }
@@ -226,7 +230,7 @@ func (r *rig) checkCalls(where string, now time.Time, got []call, want []req) {
 		if n == 0 {
 			n = r.n
 		}
-		ok := g.Key == "k" && g.Limit == "api" && g.Instance == "me" && g.Rate == eRate && g.Cold == eUTTL &&
+		ok := g.Key == "k" && g.Limit == "api" && g.Instance == "me" && g.Rate == eRate && g.MaxTTL == yieldLife*eUTTL &&
 			g.Instances == n && g.TTL == w.ttl && g.Running == w.running && g.RunningFor == w.runningFor &&
 			(w.want == anyWant || math.Abs(g.Want-w.want) < 1e-9) && (got[i].lease == nil) == w.releaseOnly
 		if !ok {

@@ -115,11 +115,12 @@ func testFault(t *testing.T, f fault) {
 	const longest = faultLease
 	inst := make([]*hybrid.Limiter, instances)
 	regs := make([]*prometheus.Registry, instances)
+	bus := membership.NewBus()
 	for i := range inst {
 		regs[i] = prometheus.NewRegistry()
 		inst[i] = newLimiter(t, hybrid.Config{
 			Redis:          fastClientTo(t, proxy.Addr),
-			Members:        membership.NewStatic(fmt.Sprintf("instance-%d", i), instances),
+			Members:        connected(membership.NewStatic(fmt.Sprintf("instance-%d", i), instances), bus),
 			Limits:         limits,
 			UncontendedTTL: longest,
 			Registerer:     regs[i],

@@ -42,16 +42,23 @@ func cluster(t testing.TB, srv *redistest.Server, n int, tune func(*hybrid.Confi
 func clusterEach(t testing.TB, srv *redistest.Server, n int, tune func(i int, c *hybrid.Config), limits ...hybrid.Limit) []*hybrid.Limiter {
 	t.Helper()
 	ls := make([]*hybrid.Limiter, n)
+	bus := membership.NewBus() // the instances ask each other to yield, as over gossip
 	for i := range ls {
 		cfg := hybrid.Config{
 			Redis:   fastClient(t, srv),
-			Members: membership.NewStatic(fmt.Sprintf("instance-%d", i), n),
+			Members: connected(membership.NewStatic(fmt.Sprintf("instance-%d", i), n), bus),
 			Limits:  limits,
 		}
 		tune(i, &cfg)
 		ls[i] = newLimiter(t, cfg)
 	}
 	return ls
+}
+
+// connected connects s to bus and returns it.
+func connected(s *membership.Static, bus *membership.Bus) *membership.Static {
+	s.Connect(bus)
+	return s
 }
 
 // load is an open-loop arrival schedule: each instance receives arrivals at

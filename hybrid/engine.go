@@ -103,6 +103,11 @@ const (
 	// stateExact: every decision is one script against the key's pool in
 	// Redis, with a deny cache; the key's default share went to the pool.
 	stateExact
+	// stateLeaving: an exact key on its way to a lease. It decides
+	// nothing until the exact decisions still on their way have ended,
+	// then asks for a lease (an exact decision after the lease request
+	// would record it as exact again).
+	stateLeaving
 )
 
 func (s keyState) String() string {
@@ -121,6 +126,8 @@ func (s keyState) String() string {
 		return "yielded"
 	case stateExact:
 		return "exact"
+	case stateLeaving:
+		return "leaving"
 	}
 	return fmt.Sprintf("keyState(%d)", int(s))
 }
@@ -229,12 +236,15 @@ type engine struct {
 	// degraded: Redis is taken to be unreachable; exact keys go back to
 	// their default share, for the outage policy. Set by the loop.
 	degraded bool
+	// exactBursts: the limit's keys start in the exact placement and go
+	// back to it, never to their default share (Limit.ExactBursts).
+	exactBursts bool
 }
 
 func newEngine(limit Limit, instance string, t timings, shares keyShares) *engine {
 	return &engine{
 		limit: limit.Name, instance: instance, rate: limit.Rate, burst: limit.Burst,
-		t: t, shares: shares, keys: make(map[string]*lease),
+		t: t, shares: shares, keys: make(map[string]*lease), exactBursts: limit.ExactBursts,
 	}
 }
 
@@ -268,7 +278,7 @@ func (e *engine) request(key string, want float64, n int, ttl time.Duration) glo
 	return global.LeaseRequest{
 		Limit: e.limit, Key: key, Instance: e.instance,
 		Want: want, Rate: e.rate, Instances: n, TTL: ttl,
-		MaxTTL: e.t.uncontendedTTL * yieldLife,
+		MaxTTL: e.t.uncontendedTTL * yieldLife, ExactBursts: e.exactBursts,
 	}
 }
 
@@ -324,6 +334,13 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 	le.deniedAt = st.Denied
 	switch le.state {
 	case stateDefault:
+		if e.exactBursts {
+			// Back from an outage: decide exactly again.
+			if !e.degraded {
+				e.toExact(now, st.Key, le)
+			}
+			return calls
+		}
 		// The share placement costs nothing while the key's demand fits
 		// its share: it asks only once that share turned requests away.
 		if !denied {
@@ -343,13 +360,20 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		case le.returning && !now.Before(le.until):
 			// Released, and every lease granted while Redis counted this
 			// instance lower has ended.
-			le.state, le.returning = stateDefault, false
-			e.shares.Unassign(now, st.Key)
+			e.returned(now, st.Key, le)
 		case !le.returning && !now.Before(le.renewAt):
 			le.renewAt = now.Add(e.t.tick)
 			return append(calls, e.release(st.Key, n, le))
 		}
 		return calls
+	case stateLeaving:
+		if now.Before(le.renewAt) {
+			return calls
+		}
+		c := e.leaseCall(now, n, def, st, le)
+		c.req.Running, c.req.RunningFor, c.req.Held = 0, 0, false
+		le.state = stateAsking
+		return append(calls, c)
 	case stateExact:
 		if e.degraded {
 			le.state = stateDefault
@@ -367,7 +391,7 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		return e.idle(now, n, st, le, calls)
 	}
 	c := e.leaseCall(now, n, def, st, le)
-	if le.state == stateHeld && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
+	if !e.exactBursts && le.state == stateHeld && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
 		e.asks = append(e.asks, st.Key)
 	}
 	return append(calls, c)
@@ -409,7 +433,19 @@ func (e *engine) stepExact(now time.Time, n int, def float64, st *local.KeyStats
 	d := le.demand.rate(now, st, def)
 	le.demand.record(now, st.Attempted)
 	le.renewAt = now.Add(e.t.contendedTTL / renewDivisor)
-	if now.Sub(st.LastSeen) < e.t.uncontendedTTL/renewDivisor && d*headroom >= def*exactLeaveBelow && d <= def*exactLeaseAbove {
+	heavy := d > def*exactLeaseAbove
+	if e.exactBursts {
+		// Exact is where these keys live; only heavy ones move, to a
+		// lease, after the same pause as below.
+		if !heavy {
+			return calls
+		}
+		e.shares.SetMark(st.Key, 0)
+		e.shares.Assign(now, st.Key, local.Share{}, now.Add(e.t.uncontendedTTL))
+		le.state, le.renewAt = stateLeaving, now.Add(e.t.redisTimeout+e.t.tick)
+		return calls
+	}
+	if now.Sub(st.LastSeen) < e.t.uncontendedTTL/renewDivisor && d*headroom >= def*exactLeaveBelow && !heavy {
 		return calls
 	}
 	// Idle, or so light that its share serves it, or so heavy that a
@@ -421,6 +457,27 @@ func (e *engine) stepExact(now time.Time, n int, def float64, st *local.KeyStats
 	e.shares.Assign(now, st.Key, local.Share{}, now.Add(e.t.uncontendedTTL))
 	le.state, le.renewAt = stateReleasing, now.Add(e.t.redisTimeout+e.t.tick)
 	return calls
+}
+
+// toExact moves key to the exact placement at now: it decides nothing
+// locally from then on.
+func (e *engine) toExact(now time.Time, key string, le *lease) {
+	e.shares.Assign(now, key, local.Share{}, now.Add(e.t.uncontendedTTL))
+	e.shares.SetMark(key, markExact)
+	le.state, le.renewAt, le.granted = stateExact, now.Add(e.t.contendedTTL), 0
+}
+
+// returned puts a released key where it lives without a record: its
+// default share, or, with exact bursts, the exact placement.
+func (e *engine) returned(now time.Time, key string, le *lease) {
+	le.returning, le.granted = false, 0
+	if e.exactBursts && !e.degraded {
+		e.toExact(now, key, le)
+		return
+	}
+	le.state = stateDefault
+	e.shares.SetMark(key, 0)
+	e.shares.Unassign(now, key)
 }
 
 // leaseCall builds the lease request of a key and records it as sent.
@@ -514,8 +571,7 @@ func (e *engine) answered(at, sent time.Time, c *call, res *global.Lease) (assig
 			le.contended, le.stable = false, 0
 			e.shares.SetMark(c.req.Key, 0)
 			if res.In <= 0 {
-				le.state, le.returning, le.granted = stateDefault, false, 0
-				e.shares.Unassign(at, c.req.Key)
+				e.returned(at, c.req.Key, le)
 			}
 		}
 		return false, recovered
@@ -558,10 +614,7 @@ func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
 	if res.Contended && share.Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
 		// Lower first (the key stops running its grant), then the first
 		// exact decision tells Redis, which drops the lease record then.
-		if e.shares.SetMark(c.req.Key, markExact) {
-			e.shares.Assign(at, c.req.Key, local.Share{}, le.until)
-			le.state, le.renewAt = stateExact, at.Add(e.t.contendedTTL)
-		}
+		e.toExact(at, c.req.Key, le)
 		return false
 	}
 	e.shares.SetMark(c.req.Key, 0)

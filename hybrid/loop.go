@@ -45,7 +45,7 @@ type batch struct {
 	evicted []string
 	asks    []ask  // asks to yield received from the peers
 	out2    outbox // asks to yield for the peers
-	quiet   int // ticks in a row that used a small part of the buffers
+	quiet   int    // ticks in a row that used a small part of the buffers
 }
 
 type ref struct {

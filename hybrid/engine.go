@@ -155,6 +155,9 @@ type lease struct {
 	deniedAt      int64     // the key's Denied counter when last looked at
 	demandNow     float64   // share placement: the demand last measured, at most a second ago
 	measured      bool      // demandNow was measured over a second or more
+	quietAt       int64     // the key's Attempted counter at the last tick
+	askGap        int       // ticks after a grant that a key that asked its peers renews; 0: soonTicks
+	askedPeers    time.Time // when this instance last asked its peers to yield the key
 	demand        demandWindow
 }
 
@@ -214,6 +217,11 @@ const (
 	exactLeaveBelow  = 0.5 // an exact key whose demand falls below this part of its default share leaves the exact placement
 	exactLeaseAbove  = 4.0 // ... and so does one whose demand is above this many default shares, for a lease
 	askPeersAfterGap = 0.9 // a held key asks its peers to yield when its grant is below this part of its want
+	maxAskGap        = 64  // ticks: the longest a key that asks its peers waits to look again
+	// askEvery is how often a starved key asks its peers again between
+	// renewals: well within a yield record's half-life, so that yields
+	// stand while it needs them.
+	askEvery = time.Second
 )
 
 // timings are the lease loop's periods, see Config.
@@ -332,6 +340,12 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
 	denied := st.Denied > le.deniedAt
 	le.deniedAt = st.Denied
+	if (le.state == stateDefault || le.state == stateYielded) && st.Attempted == le.quietAt && now.Sub(le.demand.lastAt()) >= time.Second {
+		// No decision since the last tick: a burst that comes next is
+		// measured from here, not diluted over the quiet before it.
+		le.demand.restart(now, st.Attempted)
+	}
+	le.quietAt = st.Attempted
 	switch le.state {
 	case stateDefault:
 		if e.exactBursts {
@@ -384,6 +398,15 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		return e.stepExact(now, n, def, st, le, calls)
 	}
 	// Asking, held or lapsed.
+	if !e.exactBursts && le.state == stateHeld && le.lastWant > def && le.granted < le.lastWant*askPeersAfterGap &&
+		now.Sub(le.askedPeers) >= askEvery {
+		// Starved while it wants more than its share: keep asking the
+		// peers (no Redis), so that their yields stand while it needs
+		// them; the renewals pick up what they give.
+		e.asks = append(e.asks, st.Key)
+		le.askedPeers = now
+		le.askGap = max(le.askGap, soonTicks)
+	}
 	if !e.due(now, st, le, def) {
 		return calls
 	}
@@ -392,7 +415,13 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 	}
 	c := e.leaseCall(now, n, def, st, le)
 	if !e.exactBursts && le.state == stateHeld && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
-		e.asks = append(e.asks, st.Key)
+		if now.Sub(le.askedPeers) >= soonTicks*e.t.tick {
+			e.asks = append(e.asks, st.Key)
+			le.askedPeers = now
+		}
+		le.askGap = max(le.askGap, soonTicks)
+	} else {
+		le.askGap = 0
 	}
 	return append(calls, c)
 }
@@ -513,9 +542,17 @@ func (e *engine) due(now time.Time, st *local.KeyStats, le *lease, def float64) 
 // The key runs the smaller of its grant and its default share until the
 // release is acknowledged: Redis may hold a smaller record of it until then.
 func (e *engine) idle(now time.Time, n int, st *local.KeyStats, le *lease, calls []call) []call {
-	le.state, le.renewAt = stateReleasing, now.Add(e.t.tick)
 	// Decisions since the last request are not news.
 	le.attemptedAt = st.Attempted
+	if !e.exactBursts && now.Sub(le.askedAt) < e.t.uncontendedTTL*yieldLife/2 {
+		// A peer asked for this key lately: rather than take its default
+		// share back, give everything up, first here, then in Redis.
+		e.shares.Assign(now, st.Key, local.Share{}, now.Add(2*e.t.uncontendedTTL*yieldLife))
+		le.state, le.granted, le.until, le.contended, le.stable = stateYielded, 0, time.Time{}, false, 0
+		le.renewAt = now
+		return e.stepYielded(now, n, e.rate/float64(n), st, le, false, calls)
+	}
+	le.state, le.renewAt = stateReleasing, now.Add(e.t.tick)
 	return append(calls, e.release(st.Key, n, le))
 }
 
@@ -601,9 +638,20 @@ func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
 	} else {
 		le.stable = 0
 	}
+	moved := math.Abs(res.Granted-le.granted) > le.granted*0.01
 	le.granted, le.fair, le.contended = res.Granted, res.Fair, res.Contended
 	le.until = sent.Add(time.Duration(float64(c.req.TTL) * endEarly))
 	le.renewAt = sent.Add(e.renewIn(c.req.TTL, res, first, settled))
+	if le.askGap > 0 {
+		// It asked its peers to yield: look again soon for what they
+		// gave, backing off while they give nothing (they need it).
+		if moved {
+			le.askGap = soonTicks
+		} else {
+			le.askGap = min(le.askGap*2, maxAskGap)
+		}
+		le.renewAt = minTime(le.renewAt, sent.Add(time.Duration(le.askGap)*e.t.tick))
+	}
 	if c.req.Running-res.Granted > ackShrink*e.rate {
 		// Redis counts this instance at what it ran when it asked, until
 		// that ends: now that the smaller grant is in force, say so, so
@@ -611,7 +659,9 @@ func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
 		le.renewAt = at.Add(e.t.tick)
 	}
 	share := e.share(res.Granted)
-	if res.Contended && share.Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
+	// The fair share's part of the burst says whether the split is too
+	// fine, not the grant: a grant starved until others shrink is not.
+	if res.Contended && e.share(res.Fair).Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
 		// Lower first (the key stops running its grant), then the first
 		// exact decision tells Redis, which drops the lease record then.
 		e.toExact(at, c.req.Key, le)
@@ -672,7 +722,9 @@ func (e *engine) yieldAsked(now time.Time, key string, n int) {
 	case le.state == stateYielded:
 	case le.state == stateHeld || le.state == stateLapsed:
 		// A lease renews at once with the demand it has now, so that what
-		// it holds and no longer uses goes to the asker.
+		// it holds and no longer uses goes to the asker; and if it goes
+		// idle, it yields rather than return to its default share.
+		le.askedAt = now
 		if now.Sub(le.sentAt) >= earlyEvery*e.t.tick {
 			le.renewAt = now
 		}
@@ -778,4 +830,11 @@ func (e *engine) releaseAll(n int, calls []call) []call {
 	}
 	clear(e.keys)
 	return calls
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -238,9 +238,14 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 
 // AllowN decides whether n tokens may be taken from key under limit now.
 //
-// For Local and Hybrid limits the decision is made in process and never
-// waits on the network; ctx is only used by Global limits, whose decisions
-// are one Redis round trip (bounded by Config.RedisTimeout). A denial is a
+// For Local limits, and for Hybrid keys in the share and lease placements,
+// the decision is made in process and never waits on the network. A Global
+// decision, and a Hybrid decision on a key in the exact placement (a key
+// whose split would lose accuracy, or any key of a limit with ExactBursts
+// until it moves to a lease), is one Redis round trip, bounded by
+// Config.RedisTimeout and by ctx; while a limit is degraded none waits. A
+// denial in the exact placement is cached: later requests on that key are
+// denied in process until the time Redis said tokens would be there. A denial is a
 // Decision with Allowed false, not an error. AllowN returns an error for an
 // unknown limit (ErrUnknownLimit), n below 1 (ErrInvalidN), after Close
 // (ErrClosed), or when ctx ends during a Global decision. When n exceeds the
@@ -300,7 +305,10 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int)
 	case Local:
 		d = fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal)
 	case Hybrid:
-		d = l.hybrid(ctx, ls, key, n)
+		var err error
+		if d, err = l.hybrid(ctx, ls, key, n); err != nil {
+			return Decision{}, err
+		}
 	case Global:
 		var err error
 		if d, err = l.global(ctx, ls, key, n); err != nil {
@@ -319,7 +327,7 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int)
 // hybrid decides n tokens of key under the Hybrid limit ls: in process in
 // the share and lease placements, with one script against the key's pool
 // in Redis in the exact one.
-func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int) Decision {
+func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int) (Decision, error) {
 	now := time.Now()
 	r := ls.loc.AllowN(now, key, n)
 	degraded := ls.degraded.Load()
@@ -327,6 +335,10 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int)
 	switch {
 	case r.Mark == markExact && !degraded:
 		return l.exact(ctx, ls, key, n, now, r)
+	case r.Mark == markExact && ls.OnOutage == FailLocal:
+		// Degraded a moment ago: the loop moves the key back to its default
+		// share at its next tick.
+		return Decision{RetryAfter: l.cfg.Tick, Source: SourceLocal}, nil
 	case r.Assigned:
 		d = fromLocal(r, SourceLease)
 	case !degraded || ls.OnOutage == FailLocal:
@@ -337,7 +349,7 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int)
 		// fail while Redis answers stays here: it is counted.
 		d = fromLocal(r, SourceLocal)
 	default:
-		return l.policy(ls)
+		return l.policy(ls), nil
 	}
 	if d.RetryAfter == Never && !ls.degraded.Load() {
 		// n is within the limit's burst (AllowN checked) but above this
@@ -345,16 +357,16 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int)
 		// a renewal may grow, so look again after one rather than never.
 		d.RetryAfter = l.cfg.ContendedTTL / renewDivisor
 	}
-	return d
+	return d, nil
 }
 
 // exact decides n tokens of key, in the exact placement, with one script
 // against the key's pool, bounded by RedisTimeout; r is the local decision,
 // which carries the deny cache: a denial that said "nothing until t" is
 // repeated here until t.
-func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, r local.Result) Decision {
+func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, r local.Result) (Decision, error) {
 	if r.Hold > 0 {
-		return Decision{RetryAfter: r.Hold, Source: SourceGlobal}
+		return Decision{RetryAfter: r.Hold, Source: SourceGlobal}, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	t, err := l.store.TakeExact(cctx, global.ExactRequest{
@@ -365,14 +377,15 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	cancel()
 	ls.sent(1)
 	if err != nil {
-		ls.m.redisErrors.Inc()
-		// The key's share is in the pool: with Redis failing, this
-		// decision follows the outage policy (FailLocal: nothing is left
-		// here to admit from until the key leaves the exact placement).
-		if ls.OnOutage == FailOpen {
-			return Decision{Allowed: true, Source: SourceFailOpen}
+		if ctx.Err() != nil {
+			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
-		return Decision{RetryAfter: l.cfg.Tick, Source: SourceFailClosed}
+		ls.m.redisErrors.Inc()
+		// Not degraded: Redis answers the loop, so the bound holds and this
+		// one decision is denied (its share is in the pool, not here). The
+		// outage policy takes over only when the limit degrades; the loop
+		// then moves the key back to its default share.
+		return Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}, nil
 	}
 	if !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never {
 		ls.loc.SetHold(key, now.Add(t.RetryAfter))
@@ -381,7 +394,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if d.RetryAfter == Never {
 		d.RetryAfter = l.cfg.ContendedTTL / renewDivisor
 	}
-	return d
+	return d, nil
 }
 
 // shadowed is the admission a limit in shadow mode makes of denial d.

@@ -32,38 +32,3 @@ func TestYieldGivesTheAskerTheRate(t *testing.T) {
 		}
 	}
 }
-
-// TestSprayedDebug is temporary.
-func TestSprayedDebug(t *testing.T) {
-	srv := redistest.Start(t)
-	lim := hybrid.Limit{Name: "api", Rate: 8, Burst: 5, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
-	inst := cluster(t, srv, 4, nil, lim)
-	ctx := context.Background()
-	start := time.Now()
-	tk := time.NewTicker(time.Second / 12)
-	defer tk.Stop()
-	i := 0
-	src := map[hybrid.Source][2]int{}
-	for range tk.C {
-		d, err := inst[i%4].Allow(ctx, "api", "k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := src[d.Source]
-		if d.Allowed {
-			c[0]++
-		} else {
-			c[1]++
-		}
-		src[d.Source] = c
-		i += 3
-		if i%24 == 0 {
-			v, _ := srv.Client(t).Do(ctx, "HGETALL", "hybridlimit:{api:k}").Result()
-			t.Logf("%v %v", time.Since(start).Round(time.Millisecond), v)
-		}
-		if time.Since(start) > 5*time.Second {
-			break
-		}
-	}
-	t.Logf("%v", src)
-}

@@ -10,10 +10,11 @@ import (
 
 // colors of the strategies in the charts; the reference is drawn in black.
 var colors = map[string]string{
-	Local:     "#7f7f7f",
-	Global:    "#d62728",
-	Hybrid:    "#1f77b4",
-	RedisRate: "#ff7f0e",
+	Local:       "#7f7f7f",
+	Global:      "#d62728",
+	Hybrid:      "#1f77b4",
+	HybridExact: "#9467bd",
+	RedisRate:   "#ff7f0e",
 }
 
 func color(strategy string) string {
@@ -49,6 +50,7 @@ svg .title { font-size: 13px; font-weight: 600; }
 {{if not .R.Representative}}<p class="warn"><b>Not representative:</b> measured on an embedded in-process Redis (miniredis); Redis commands are counted by the clients.</p>{{end}}
 <p>Redis: {{.R.Redis}} · {{.R.Platform}}, {{.R.CPUs}} CPUs, {{.R.GoVersion}} · {{if .R.Quick}}quick run{{else}}full run{{end}}, scale {{.R.Scale}}, {{.R.Arrivals}} arrivals · wall time {{printf "%.1f" .R.WallSeconds}} s · started {{.R.Started.Format "2006-01-02 15:04:05 MST"}}.
 Absolute numbers vary by machine; the ratios are the point.</p>
+{{if .Semantics}}<p>Burst semantics: {{range .Semantics}}{{.}} {{end}}</p>{{end}}
 <div class="legend">{{range .Legend}}<span><i style="background:{{.Color}}"></i>{{.Name}}</span>{{end}}<span><i style="background:#000"></i>exact reference</span></div>
 
 <h2>Redis commands per decision against accuracy</h2>
@@ -66,7 +68,7 @@ Absolute numbers vary by machine; the ratios are the point.</p>
 {{end}}</table>
 {{if .Windows}}
 <h2>Most admitted in any 1 s window</h2>
-<p>One-key scenarios, over the whole run, by the time each decision started, against the most the limit allows in one window, rate·1 s + burst; ✗ marks more than that.</p>
+<p>One-key scenarios, over the whole run, by the time each decision started, against the most the limit allows in one window, rate·1 s + burst; ✗ marks more than that. Invariant 1 allows one default share (rate/N·1 s + burst/N) more per instance per membership change: the targets add it on churn, whose instance leaves and rejoins.</p>
 <table>
 <tr>{{range .WindowHead}}<th>{{.}}</th>{{end}}</tr>
 {{range .Windows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
@@ -98,7 +100,8 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		WindowHead []string
 		Windows    [][]string
 		BucketMS   float64
-	}{R: r}
+		Semantics  []string
+	}{R: r, Semantics: r.burstSemantics()}
 	data.WindowHead, data.Windows = r.maxWindows()
 	var scenarios, strategies []string
 	seen := map[string]bool{}

@@ -132,10 +132,19 @@ type Window struct {
 	Reference int64 `json:"reference_admitted"`
 	// Bound is rate·width + burst.
 	Bound float64 `json:"bound"`
+	// Allowance is what invariant 1 of the design allows above Bound for
+	// the run's membership changes; Finish computes it (see
+	// membershipAllowance). Zero when the membership never changes.
+	Allowance float64 `json:"membership_allowance"`
 }
 
-// Over reports whether w admitted more than its bound.
+// Over reports whether w admitted more than its bound, rate·width + burst,
+// with no allowance.
 func (w Window) Over() bool { return float64(w.Admitted) > w.Bound }
+
+// OverAllowance reports whether w admitted more than its bound plus the
+// membership allowance of invariant 1: more than the library promises.
+func (w Window) OverAllowance() bool { return float64(w.Admitted) > w.Bound+w.Allowance }
 
 // Event is a scheduled event of the run, for the charts.
 type Event struct {
@@ -213,13 +222,46 @@ func (r *Report) Find(scenario, strategy string) *Result {
 
 // Strategy names.
 const (
-	Local     = "local"
-	Global    = "global"
-	Hybrid    = "hybrid"
-	RedisRate = "redis_rate"
+	Local  = "local"
+	Global = "global"
+	// Hybrid is a Hybrid limit with split bursts, the library's default
+	// (hybrid.Limit.ExactBursts false).
+	Hybrid = "hybrid"
+	// HybridExact is a Hybrid limit with exact bursts
+	// (hybrid.Limit.ExactBursts true), otherwise like Hybrid.
+	HybridExact = "hybrid-exact"
+	RedisRate   = "redis_rate"
 )
 
-// Finish fills the derived fields of every result.
+// semanticsText explains, one sentence each, the two burst semantics of a
+// Hybrid limit that the strategies Hybrid and HybridExact measure. The
+// reports show it wherever either ran.
+var semanticsText = [2]string{
+	"hybrid splits each key's burst over the instances (the default, hybrid.Limit.ExactBursts false): " +
+		"a key whose demand stays within its share on every instance costs no Redis at all, " +
+		"but a client's burst on a fresh key is cut at one instance's part of the burst until the others yield theirs.",
+	"hybrid-exact honours a client's burst wherever it lands (hybrid.Limit.ExactBursts true): " +
+		"the first decisions of a key on an instance are exact ones against the key's pool in Redis, " +
+		"so a burst of up to the limit's burst is admitted whole, at up to one script per decision on keys too thin to lease.",
+}
+
+// burstSemantics returns the sentences of semanticsText about the
+// strategies r has results of.
+func (r *Report) burstSemantics() []string {
+	var out []string
+	for i, st := range []string{Hybrid, HybridExact} {
+		for _, res := range r.Scenarios {
+			if res.Strategy == st {
+				out = append(out, semanticsText[i])
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Finish fills the derived fields of every result: accuracy, commands per
+// decision, and the membership allowance of every 1 s window.
 func (r *Report) Finish() {
 	for i := range r.Baselines {
 		res := &r.Baselines[i]
@@ -231,6 +273,9 @@ func (r *Report) Finish() {
 		res.Accuracy = sanity(ratio(float64(res.Allowed), float64(res.ReferenceAllowed)))
 		res.CommandsPerDecision = sanity(ratio(float64(res.RedisCommands), float64(res.Decisions)))
 		res.Representative = r.Representative
+		if res.MaxWindow != nil {
+			res.MaxWindow.Allowance = membershipAllowance(res)
+		}
 	}
 }
 

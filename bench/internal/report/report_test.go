@@ -9,32 +9,49 @@ import (
 	"testing"
 )
 
-// sample is a report with the shape of a real one.
+// sample is a report with the shape of a real one: every target met but
+// hybrid's commands on keys (20x fewer than global's, 10x wanted) and
+// hybrid-exact's on keys (above half of global's).
 func sample() *Report {
 	r := &Report{Redis: "test <server>", Representative: true, CPUs: 2}
-	for _, sc := range []string{"balanced", "keys", "hotkey", "outage", "churn"} {
-		for _, st := range []string{Local, Global, Hybrid, RedisRate} {
+	for _, sc := range []string{"balanced", "keys", "hotkey", "outage", "churn", "thin", "sticky"} {
+		for _, st := range []string{Local, Global, Hybrid, HybridExact, RedisRate} {
+			if st == HybridExact && sc != "keys" && sc != "thin" && sc != "sticky" {
+				continue
+			}
 			res := Result{Scenario: sc, Strategy: st, Instances: 4, Decisions: 10000, Allowed: 5000, ReferenceAllowed: 5000,
-				P50: 200, P99: 800, BucketNS: 1e8, EndNS: 1e9, WarmupNS: 2e8,
+				P50: 200, P99: 800, BucketNS: 1e8, EndNS: 1e9, WarmupNS: 2e8, Rate: 1000, Burst: 100,
 				Series: []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, RefSeries: []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}}
 			switch st {
 			case Global, RedisRate:
 				res.RedisCommands = 10000
 			case Hybrid:
 				res.RedisCommands = 5
+			case HybridExact:
+				res.RedisCommands = 4000
 			}
-			if sc != "keys" {
+			switch sc {
+			case "balanced", "hotkey", "outage", "churn":
 				res.MaxWindow = &Window{WidthNS: 1e9, Admitted: 1100, Reference: 1100, Bound: 1100}
+			case "thin":
+				if st == Hybrid {
+					res.RedisCommands = 0
+				}
 			}
 			if sc == "outage" {
 				res.Events = []Event{{AtNS: 4e8, Kind: "pause"}, {AtNS: 5e8, Kind: "kill"}, {AtNS: 7e8, Kind: "restart"}}
 				res.OutageDecisions, res.OutageP99, res.UpP99 = 100, 900, 700
 			}
+			if sc == "churn" {
+				res.Events = []Event{{AtNS: 4e8, Kind: "leave", Slot: 3}, {AtNS: 7e8, Kind: "join", Slot: 3}}
+			}
 			r.Scenarios = append(r.Scenarios, res)
 		}
 	}
-	r.Find("keys", Hybrid).RedisCommands = 500            // 20x: not met
+	r.Find("keys", Hybrid).RedisCommands = 500            // 20x: met
+	r.Find("keys", HybridExact).RedisCommands = 6000      // 0.6 of global's: not met
 	r.Find("outage", RedisRate).MaxWindow.Admitted = 1430 // failing open
+	r.Find("churn", Hybrid).MaxWindow.Admitted = 1500     // within the allowance of 2 changes
 	r.ClosedLoop = []ClosedLoop{
 		{Strategy: Global, Shape: "one key", DecisionsPerSec: 20000},
 		{Strategy: Hybrid, Shape: "one key", DecisionsPerSec: 5e6},
@@ -44,25 +61,111 @@ func sample() *Report {
 	return r
 }
 
+// target returns the one target of r whose name has frag, failing t if
+// there is not exactly one.
+func target(t *testing.T, r *Report, frag string) Target {
+	t.Helper()
+	var found []Target
+	for _, tg := range r.Targets {
+		if strings.Contains(tg.Name, frag) {
+			found = append(found, tg)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d targets about %q, want 1: %+v", len(found), frag, r.Targets)
+	}
+	return found[0]
+}
+
 func TestTargets(t *testing.T) {
 	r := sample()
 	want := map[string]string{
-		"balanced": Met, "hotkey": Met, "on keys": NotMet, "accuracy": Met,
-		"decisions per second": Met, "with Redis up": Met, "outage window": Met,
+		"≥ 0.95 on every scenario":              Met,
+		"≥ 0.98 on balanced, hotkey and sticky": Met,
+		"hybrid (split bursts) sends no more":   Met,
+		"hybrid-exact (exact bursts) sends no":  Met,
+		"no Redis command on thin":              Met,
+		"than global on keys, at accuracy":      Met,
+		"at most half of global's":              NotMet,
+		"than global on balanced":               Met,
+		"than global on hotkey":                 Met,
+		"in any 1 s window of a one-key":        Met,
+	}
+	if len(r.Targets) != len(want) {
+		t.Errorf("%d targets, want %d: %+v", len(r.Targets), len(want), r.Targets)
 	}
 	for frag, status := range want {
-		found := false
-		for _, tg := range r.Targets {
-			if strings.Contains(tg.Name, frag) {
-				found = true
-				if tg.Status != status {
-					t.Errorf("%q: %s (%s), want %s", tg.Name, tg.Status, tg.Got, status)
-				}
+		if tg := target(t, r, frag); tg.Status != status {
+			t.Errorf("%q: %s (%s), want %s", tg.Name, tg.Status, tg.Got, status)
+		}
+	}
+}
+
+// TestTargetsMissed changes one figure of the sample at a time and checks
+// the status of the target about it.
+func TestTargetsMissed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*Report)
+		frag   string
+		want   string
+	}{
+		{"thin accuracy", func(r *Report) { r.Find("thin", Hybrid).Allowed = 4700 }, "≥ 0.95 on every scenario", NotMet},
+		{"outage accuracy does not count", func(r *Report) { r.Find("outage", Hybrid).Allowed = 1000 }, "≥ 0.95 on every scenario", Met},
+		{"hotkey at 0.97", func(r *Report) { r.Find("hotkey", Hybrid).Allowed = 4850 }, "≥ 0.98 on balanced", NotMet},
+		{"sticky split at 0.9, exact at 1", func(r *Report) { r.Find("sticky", Hybrid).Allowed = 4500 }, "≥ 0.98 on balanced", Met},
+		{"sticky at 0.9 both", func(r *Report) {
+			r.Find("sticky", Hybrid).Allowed, r.Find("sticky", HybridExact).Allowed = 4500, 4500
+		}, "≥ 0.98 on balanced", NotMet},
+		{"balanced not run", func(r *Report) { r.Find("balanced", Hybrid).Decisions = 0 }, "≥ 0.98 on balanced", NotMeasured},
+		{"hybrid above global on thin", func(r *Report) { r.Find("thin", Hybrid).RedisCommands = 10001 }, "hybrid (split bursts) sends no more", NotMet},
+		{"hybrid-exact above global on sticky", func(r *Report) { r.Find("sticky", HybridExact).RedisCommands = 10001 }, "hybrid-exact (exact bursts) sends no", NotMet},
+		{"a command on thin", func(r *Report) { r.Find("thin", Hybrid).RedisCommands = 1 }, "no Redis command on thin", NotMet},
+		{"keys 10x fewer but inaccurate", func(r *Report) { r.Find("keys", Hybrid).Allowed = 4000 }, "than global on keys, at accuracy", NotMet},
+		{"keys 9x fewer", func(r *Report) { r.Find("keys", Hybrid).RedisCommands = 1112 }, "than global on keys, at accuracy", NotMet},
+		{"exact half of global's", func(r *Report) { r.Find("keys", HybridExact).RedisCommands = 5000 }, "at most half of global's", Met},
+		{"hybrid-exact not run", func(r *Report) { r.Find("keys", HybridExact).Strategy = "other" }, "at most half of global's", NotMeasured},
+		{"hotkey 500x fewer", func(r *Report) { r.Find("hotkey", Hybrid).RedisCommands = 20 }, "than global on hotkey", NotMet},
+		{"balanced over the bound", func(r *Report) { r.Find("balanced", Hybrid).MaxWindow.Admitted = 1101 }, "in any 1 s window", NotMet},
+		{"churn over bound and allowance", func(r *Report) { r.Find("churn", Hybrid).MaxWindow.Admitted = 3301 }, "in any 1 s window", NotMet},
+		{"churn at bound and allowance", func(r *Report) { r.Find("churn", Hybrid).MaxWindow.Admitted = 3300 }, "in any 1 s window", Met},
+		{"redis_rate over the bound does not count", func(r *Report) { r.Find("balanced", RedisRate).MaxWindow.Admitted = 2000 }, "in any 1 s window", Met},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := sample()
+			tc.change(r)
+			r.Finish()
+			r.CheckTargets()
+			if tg := target(t, r, tc.frag); tg.Status != tc.want {
+				t.Errorf("%q: %s (%s), want %s", tg.Name, tg.Status, tg.Got, tc.want)
 			}
-		}
-		if !found {
-			t.Errorf("no target about %q", frag)
-		}
+		})
+	}
+}
+
+func TestMembershipAllowance(t *testing.T) {
+	w := func() *Window { return &Window{WidthNS: 1e9, Bound: 1100} }
+	for _, tc := range []struct {
+		name string
+		res  Result
+		want float64
+	}{
+		{"no change", Result{Instances: 4, Rate: 1000, Burst: 100, MaxWindow: w()}, 0},
+		{"outage is no membership change", Result{Instances: 4, Rate: 1000, Burst: 100, MaxWindow: w(),
+			Events: []Event{{Kind: "pause"}, {Kind: "kill"}, {Kind: "restart"}}}, 0},
+		// 2 changes x 4 instances x (1000/4 + 100/4).
+		{"churn", Result{Instances: 4, Rate: 1000, Burst: 100, MaxWindow: w(),
+			Events: []Event{{Kind: "leave", Slot: 3}, {Kind: "join", Slot: 3}}}, 2200},
+		// A 2 s window: 1 change x 4 x (1000/4·2 + 100/4).
+		{"wider window", Result{Instances: 4, Rate: 1000, Burst: 100, MaxWindow: &Window{WidthNS: 2e9},
+			Events: []Event{{Kind: "leave"}}}, 2100},
+		{"many keys", Result{Instances: 4, Rate: 1000, Burst: 100, Events: []Event{{Kind: "leave"}}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := membershipAllowance(&tc.res); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("got %g, want %g", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -95,10 +198,13 @@ func TestMarkdownAndHTML(t *testing.T) {
 			rows++
 		}
 	}
-	if rows != 8+1 {
-		t.Errorf("%d rows for balanced and keys, want 8 results and balanced's 1 s window:\n%s", rows, md.String())
+	if rows != 9+1 {
+		t.Errorf("%d rows for balanced and keys, want 9 results and balanced's 1 s window:\n%s", rows, md.String())
 	}
 	for _, want := range []string{
+		"| keys | hybrid-exact | 10 000 |",
+		"Burst semantics: hybrid splits each key's burst",
+		"hybrid-exact honours a client's burst",
 		"| scenario | rate·1 s + burst | exact reference | local | global | hybrid | redis_rate |",
 		"| balanced | 1 100 | 1 100 | 1 100 | 1 100 | 1 100 | 1 100 |",
 		"| outage | 1 100 | 1 100 | 1 100 | 1 100 | 1 100 | 1 430 ✗ |",
@@ -125,7 +231,12 @@ func TestMarkdownAndHTML(t *testing.T) {
 	if !strings.Contains(html, "<td>1 430 ✗</td>") {
 		t.Error("the page lacks the 1 s window table")
 	}
-	if n := strings.Count(html, "<svg"); n != 5+2 {
-		t.Errorf("%d charts, want 5 scatters and 2 time series", n)
+	for _, want := range []string{"<td>keys</td><td>hybrid-exact</td>", `background:#9467bd"></i>hybrid-exact`, "hybrid-exact honours a client&#39;s burst"} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	if n := strings.Count(html, "<svg"); n != 7+2 {
+		t.Errorf("%d charts, want 7 scatters and 2 time series", n)
 	}
 }

@@ -512,8 +512,10 @@ func pct(d []time.Duration, q float64) int64 {
 // closedLoop measures how many decisions per second a strategy makes when
 // every instance's workers decide back to back.
 type closedLoop struct {
-	setup     *setup
-	shape     string
+	setup *setup
+	shape string
+	// scenario is the scenario whose keys and limit the shape takes.
+	scenario  string
 	instances int
 	workers   int
 	keys      []string

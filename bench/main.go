@@ -1,12 +1,15 @@
 // Command bench measures, side by side in one run, what hybridlimit saves
 // and what it costs: Redis commands per decision, accuracy against an exact
-// limiter, decision latency and decisions per second, for four strategies
+// limiter, decision latency and decisions per second, for five strategies
 // fed identical arrivals:
 //
 //   - local: hybridlimit in Local mode, rate/N per instance, no Redis;
 //   - global: hybridlimit in Global mode, one token-bucket script per
 //     decision (the classic design);
-//   - hybrid: hybridlimit in Hybrid mode, rate leases;
+//   - hybrid: hybridlimit in Hybrid mode with split bursts (the default);
+//   - hybrid-exact: hybridlimit in Hybrid mode with exact bursts
+//     (hybrid.Limit.ExactBursts), run on keys, thin and sticky unless
+//     -strategies names it;
 //   - redis_rate: github.com/go-redis/redis_rate, one GCRA script per
 //     decision (what a Go user picks today); it fails open on errors.
 //
@@ -73,6 +76,9 @@ type options struct {
 	seed                     uint64
 	workers                  int
 	scenarios, strategies    []string
+	// exactEverywhere is set when -strategies names hybrid-exact: it then
+	// runs on every selected scenario, not only on exactScenarios.
+	exactEverywhere bool
 	// Hybrid timings; zero means the library's default.
 	tick, contendedTTL, uncontendedTTL, redisTimeout time.Duration
 }
@@ -113,7 +119,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.uncontendedTTL, "uncontended-ttl", 0, "hybrid Config.UncontendedTTL (0: the library default, 5s)")
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", 0, "hybrid Config.RedisTimeout, also the bound of every redis_rate call (0: the library default, 150ms)")
 	scen := fs.String("scenarios", "", "comma-separated subset of scenarios to run (default all)")
-	strat := fs.String("strategies", "", "comma-separated subset of strategies to run (default all)")
+	strat := fs.String("strategies", "", "comma-separated subset of strategies to run (default all; hybrid-exact runs on keys, thin and sticky only, unless named here)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -147,7 +153,16 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if o.strategies, err = subset(*strat, strategies, "strategy"); err != nil {
 		return o, err
 	}
+	o.exactEverywhere = *strat != "" && slices.Contains(o.strategies, report.HybridExact)
 	return o, nil
+}
+
+// skips reports whether the bench leaves out a selected strategy on a
+// selected scenario, or on the closed loop of the scenario's shape: every
+// strategy runs on every scenario, but hybrid-exact only on exactScenarios
+// unless -strategies names it.
+func (o options) skips(scenario, strategy string) bool {
+	return strategy == report.HybridExact && !o.exactEverywhere && !slices.Contains(exactScenarios, scenario)
 }
 
 // subset parses a comma-separated list of names from all; empty means all.
@@ -277,7 +292,20 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 	scenarios := pickScenarios(rep, o, b, timing)
 	shapes := closedShapes(timing, o.seed)
 	baselines := latencyBaselines(scenarios)
-	p := newProgress(stderr, started, (len(scenarios)+len(shapes))*len(o.strategies)+len(baselines))
+	runs := len(baselines)
+	for _, st := range o.strategies {
+		for _, sc := range scenarios {
+			if !o.skips(sc.Name, st) {
+				runs++
+			}
+		}
+		for _, sh := range shapes {
+			if !o.skips(sh.scenario, st) {
+				runs++
+			}
+		}
+	}
+	p := newProgress(stderr, started, runs)
 	defer p.done()
 
 	r := &runner{ctx: ctx, o: o, b: b, started: started, timeout: hc.RedisTimeout, p: p}
@@ -389,6 +417,9 @@ func (r *runner) openLoops(scenarios []workload.Scenario) ([]report.Result, erro
 	for _, sc := range scenarios {
 		ol := newOpenLoop(sc, r.o.seed, r.o.poisson)
 		for _, st := range r.o.strategies {
+			if r.o.skips(sc.Name, st) {
+				continue
+			}
 			r.p.next(sc.Name + " / " + st)
 			if err := r.reset(); err != nil {
 				return nil, err
@@ -427,6 +458,9 @@ func (r *runner) closedLoops(shapes []closedLoop) ([]report.ClosedLoop, error) {
 	var out []report.ClosedLoop
 	for _, sh := range shapes {
 		for _, st := range r.o.strategies {
+			if r.o.skips(sh.scenario, st) {
+				continue
+			}
 			r.p.next("closed loop, " + sh.shape + " / " + st)
 			if err := r.reset(); err != nil {
 				return nil, err
@@ -467,9 +501,12 @@ func addNotes(rep *report.Report, o options) {
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("Latencies are of every decision in the measured window and include two clock reads (about %d ns here).", rep.ClockNS),
 		fmt.Sprintf("decisions/s is a separate closed-loop run: %d goroutines per instance deciding back to back on one key (limit 1000/s) or on the keys scenario's Zipf keys.", o.workers),
-		"redis_rate admits a request when Redis cannot answer (fails open); local, global and hybrid use the FailLocal outage policy.",
+		"redis_rate admits a request when Redis cannot answer (fails open); local, global, hybrid and hybrid-exact use the FailLocal outage policy.",
 		"Accuracy, decisions and Redis commands cover the measured window, after a warm-up; the reference is one exact token bucket per key fed the merged arrivals of all instances.",
 	)
+	if slices.Contains(o.strategies, report.HybridExact) && !o.exactEverywhere {
+		rep.Notes = append(rep.Notes, "hybrid-exact runs on keys, thin and sticky only (and the closed loop on the keys): name it in -strategies to run it on every scenario.")
+	}
 	if rep.RedisKind != "embedded" {
 		rep.Notes = append(rep.Notes, "Redis commands are counted by the server (INFO commandstats), without the bench's own INFO, FLUSHALL, CLIENT PAUSE, PING and HELLO, nor the commands scripts run (reported apart in the JSON).")
 	}
@@ -489,7 +526,7 @@ func closedShapes(t workload.Timing, seed uint64) []closedLoop {
 	for _, sc := range workload.Scenarios(t) {
 		switch sc.Name {
 		case workload.Balanced:
-			out = append(out, closedLoop{shape: shapeOne, instances: sc.Instances, keys: sc.KeyNames(),
+			out = append(out, closedLoop{shape: shapeOne, scenario: sc.Name, instances: sc.Instances, keys: sc.KeyNames(),
 				seq: []int32{0}, rate: sc.Rate, burst: sc.Burst, warm: t.ClosedLoop / 4, dur: t.ClosedLoop})
 		case workload.Keys:
 			r := rand.New(rand.NewPCG(seed, 99))
@@ -498,7 +535,7 @@ func closedShapes(t workload.Timing, seed uint64) []closedLoop {
 			for i := range seq {
 				seq[i] = int32(z.Uint64())
 			}
-			out = append(out, closedLoop{shape: shapeKeys, instances: sc.Instances, keys: sc.KeyNames(),
+			out = append(out, closedLoop{shape: shapeKeys, scenario: sc.Name, instances: sc.Instances, keys: sc.KeyNames(),
 				seq: seq, rate: sc.Rate, burst: sc.Burst, warm: t.ClosedLoop / 4, dur: t.ClosedLoop})
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -118,26 +119,36 @@ func TestQuickestRun(t *testing.T) {
 		}
 		// Local and hybrid decide in process: they keep up with any
 		// schedule the bench sets, and must decide something.
-		if (r.Strategy == "local" || r.Strategy == "hybrid") && *r.Decisions == 0 {
+		if (r.Strategy == "local" || r.Strategy == "hybrid" || r.Strategy == "hybrid-exact") && *r.Decisions == 0 {
 			t.Errorf("%s: no decisions", name)
 		}
 	}
+	// Every strategy on every scenario, but hybrid-exact on keys, thin and
+	// sticky only.
+	want := 0
 	for _, sc := range workload.Scenarios(workload.QuickTiming()) {
 		for _, st := range strategies {
-			if !seen[sc.Name+" / "+st] {
+			exactOnly := st == "hybrid-exact" && sc.Name != "keys" && sc.Name != "thin" && sc.Name != "sticky"
+			switch {
+			case exactOnly && seen[sc.Name+" / "+st]:
+				t.Errorf("a result for %s / %s: hybrid-exact runs on keys, thin and sticky unless named", sc.Name, st)
+			case !exactOnly && !seen[sc.Name+" / "+st]:
 				t.Errorf("no result for %s / %s", sc.Name, st)
+			case !exactOnly:
+				want++
 			}
 		}
 	}
-	if want := len(workload.Scenarios(workload.QuickTiming())) * len(strategies); len(rep.Scenarios) != want {
-		t.Errorf("%d results, want %d (one per scenario x strategy)", len(rep.Scenarios), want)
+	if len(rep.Scenarios) != want {
+		t.Errorf("%d results, want %d (one per scenario x strategy, hybrid-exact on 3 scenarios)", len(rep.Scenarios), want)
 	}
 	if len(rep.Targets) == 0 {
 		t.Error("no target checks")
 	}
 
 	md := stdout.String()
-	for _, want := range []string{"| scenario | strategy | decisions |", "Targets:", "not representative", "| scenario | rate·1 s + burst |"} {
+	for _, want := range []string{"| scenario | strategy | decisions |", "Targets:", "not representative", "| scenario | rate·1 s + burst |",
+		"Burst semantics: hybrid splits", "| sticky | hybrid-exact |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
@@ -162,6 +173,36 @@ func TestQuickestRun(t *testing.T) {
 	}
 	if !strings.Contains(html, "outage: admitted per second") {
 		t.Error("HTML lacks the outage time series")
+	}
+}
+
+// TestSkips checks which scenarios hybrid-exact runs on: keys, thin and
+// sticky by default, every selected one when -strategies names it.
+func TestSkips(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		scenario string
+		strategy string
+		skips    bool
+	}{
+		{nil, "keys", "hybrid-exact", false},
+		{nil, "thin", "hybrid-exact", false},
+		{nil, "sticky", "hybrid-exact", false},
+		{nil, "balanced", "hybrid-exact", true},
+		{nil, "churn", "hybrid-exact", true},
+		{nil, "balanced", "hybrid", false},
+		{[]string{"-scenarios", "balanced,keys"}, "balanced", "hybrid-exact", true},
+		{[]string{"-strategies", "global,hybrid-exact"}, "balanced", "hybrid-exact", false},
+		{[]string{"-strategies", "global,hybrid-exact"}, "churn", "hybrid-exact", false},
+		{[]string{"-strategies", "global,hybrid"}, "balanced", "global", false},
+	} {
+		o, err := parse(tc.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if got := o.skips(tc.scenario, tc.strategy); got != tc.skips {
+			t.Errorf("%q: skips(%s, %s) = %v, want %v", tc.args, tc.scenario, tc.strategy, got, tc.skips)
+		}
 	}
 }
 

@@ -361,6 +361,9 @@ func (l Limit) validate(i int) error {
 	default:
 		return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name, l.Mode)
 	}
+	if l.ExactBursts && l.Mode != Hybrid {
+		return fmt.Errorf("%w: limit %q: ExactBursts applies to Hybrid limits only (Mode is %v)", ErrConfig, l.Name, l.Mode)
+	}
 	switch l.OnOutage {
 	case FailLocal, FailOpen, FailClosed:
 	case PolicyUnset:

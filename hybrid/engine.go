@@ -152,7 +152,7 @@ type lease struct {
 	sentAt        time.Time // when the last request went out
 	attemptedAt   int64     // the key's Attempted counter at sentAt
 	returning     bool      // releasing: the release was acknowledged; the key returns to its default share at until
-	deniedAt      int64     // the key's Denied counter when last looked at
+	deniedAt      uint32    // the key's Denied counter when last looked at
 	demandNow     float64   // share placement: the demand last measured, at most a second ago
 	measured      bool      // demandNow was measured over a second or more
 	quietAt       int64     // the key's Attempted counter at the last tick
@@ -188,6 +188,7 @@ type keyShares interface {
 	Unassign(t time.Time, key string) bool
 	SetFlag(key string, on bool) bool
 	SetMark(key string, m uint8) bool
+	SetNewMark(m uint8)
 }
 
 // markExact is the local mark of a key in the exact placement: its
@@ -309,6 +310,11 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 	var ts tickStats
 	def := e.rate / float64(n)
 	e.asks = e.asks[:0]
+	if e.exactBursts && !e.degraded {
+		e.shares.SetNewMark(markExact)
+	} else {
+		e.shares.SetNewMark(0)
+	}
 	for i := range stats {
 		st := &stats[i]
 		le := e.keys[st.Key]
@@ -338,7 +344,7 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 
 // step appends the requests due at now for one key.
 func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
-	denied := st.Denied > le.deniedAt
+	denied := st.Denied != le.deniedAt
 	le.deniedAt = st.Denied
 	if (le.state == stateDefault || le.state == stateYielded) && st.Attempted == le.quietAt && now.Sub(le.demand.lastAt()) >= time.Second {
 		// No decision since the last tick: a burst that comes next is
@@ -789,8 +795,8 @@ func (e *engine) resettle(now time.Time) {
 // setLimit makes the engine follow a limit of rate and burst: requests ask
 // Redis to split the new rate, and grants carry their part of the new
 // burst.
-func (e *engine) setLimit(rate float64, burst int) {
-	e.rate, e.burst = rate, burst
+func (e *engine) setLimit(rate float64, burst int, exactBursts bool) {
+	e.rate, e.burst, e.exactBursts = rate, burst, exactBursts
 }
 
 // renewAll makes every key that holds or asked for a lease ask again at
@@ -808,6 +814,7 @@ func (e *engine) renewAll(now time.Time) {
 // back to its default share at now, unflags the failing ones and forgets
 // them all: the limit stops being Hybrid, and its keys stay.
 func (e *engine) drop(now time.Time, n int, calls []call) []call {
+	e.shares.SetNewMark(0)
 	for k, le := range e.keys {
 		if le.state != stateDefault {
 			e.shares.SetMark(k, 0)

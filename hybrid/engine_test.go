@@ -72,6 +72,7 @@ func (f flagRecorder) AssignNew(t time.Time, key string, s local.Share, until ti
 }
 func (f flagRecorder) Unassign(t time.Time, key string) bool { return f.r.loc.Unassign(t, key) }
 func (f flagRecorder) SetMark(key string, m uint8) bool      { return f.r.loc.SetMark(key, m) }
+func (f flagRecorder) SetNewMark(m uint8)                    { f.r.loc.SetNewMark(m) }
 func (f flagRecorder) SetFlag(key string, on bool) bool {
 	f.r.flags[key] = on
 	return f.r.loc.SetFlag(key, on)

@@ -197,6 +197,11 @@ func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
 	}
+	if lim.Mode == Hybrid && lim.ExactBursts && !e.degraded.Load() {
+		// From the first decision: a key must not run a default share that
+		// Redis does not count.
+		loc.SetNewMark(markExact)
+	}
 	e.loc = loc
 	return e, nil
 }

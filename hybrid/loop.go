@@ -200,8 +200,8 @@ func (l *Limiter) apply(now time.Time, n int, e *limitEntry, b *batch) {
 	case e.Mode == Hybrid && e.eng == nil:
 		e.eng = newEngine(e.Limit, l.members.Name(),
 			timings{tick: l.cfg.Tick, contendedTTL: l.cfg.ContendedTTL, uncontendedTTL: l.cfg.UncontendedTTL, redisTimeout: l.cfg.RedisTimeout}, e.loc)
-	case e.Mode == Hybrid && (was.Rate != e.Rate || was.Burst != e.Burst):
-		e.eng.setLimit(e.Rate, e.Burst)
+	case e.Mode == Hybrid && (was.Rate != e.Rate || was.Burst != e.Burst || was.ExactBursts != e.ExactBursts):
+		e.eng.setLimit(e.Rate, e.Burst, e.ExactBursts)
 		e.eng.renewAll(now)
 	}
 }

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
-
-	"github.com/hybridlimit/hybridlimit/internal/shrink"
 )
 
 // ErrInvalid is wrapped by the errors New returns for a bad Config.
@@ -98,9 +96,11 @@ type KeyStats struct {
 	Until time.Time
 	// Share is the share the key currently runs at.
 	Share Share
-	// Denied is the total number of tokens denied on this key by its
-	// share (marked keys are not decided here, and deny nothing).
-	Denied int64
+	// Denied counts the tokens denied on this key by its share, modulo
+	// 2^32: compare two snapshots for inequality to tell whether a request
+	// was denied in between. Marked keys are not decided here and deny
+	// nothing.
+	Denied uint32
 	// Mark is the key's mark, see SetMark.
 	Mark uint8
 	// Lapsed reports whether the key's last assigned share ended without
@@ -130,30 +130,41 @@ type params struct {
 	burst int
 	n     int
 	def   Share
+	mark  uint8 // of new keys, see SetNewMark
 }
 
+// A shard holds the keys whose hash falls in it. One mutex guards the
+// table and every entry in it: a decision takes it once, where a read lock
+// on a map and a lock per entry would cost two.
 type shard struct {
-	mu   sync.RWMutex
-	m    map[string]*entry // guarded by mu
-	size shrink.Tracker    // guarded by mu
-	_    [32]byte          // keep shards on separate cache lines
+	mu sync.Mutex
+	// base is the instant the times of the shard's entries count from. The
+	// first key inserted into the empty shard sets it, so that the times
+	// keep the monotonic clock reading of the caller's time.Now, if any:
+	// a step of the wall clock then moves no key's time.
+	base time.Time // guarded by mu
+	keys table     // guarded by mu
+	// 64 bytes in all: shards sit on separate cache lines.
 }
 
+// An entry is one key. Its times are offsets from the shard's base, 8 bytes
+// each where a time.Time takes 24, which keeps the entry in the 144-byte
+// size class: lim takes 80 bytes, key 16, the five int64 fields 40 and the
+// flags 2. Up to 6 more bytes of flags fit before the next class (160
+// bytes); TestEntrySize guards it. Every field is guarded by the shard's mu.
 type entry struct {
-	mu        sync.Mutex
-	lim       *rate.Limiter // guarded by mu, like every field below
-	last      time.Time     // latest time fed to lim; never moves backwards
-	created   time.Time     // time of the key's first decision
-	seen      time.Time     // time of the key's latest decision
+	lim       rate.Limiter // by value: one allocation per key, not two
+	key       string
+	last      time.Duration // latest time fed to lim; never moves backwards
+	created   time.Duration // time of the key's first decision
+	seen      time.Duration // time of the key's latest decision
+	until     time.Duration // when the assigned share ends, if assigned
 	attempted int64
+	denied    uint32 // tokens denied, modulo 2^32
 	assigned  bool
-	until     time.Time
 	flagged   bool  // the caller's flag, see SetFlag
-	mark      uint8 // the caller's mark, see SetMark
+	mark      uint8 // the caller's mark, see SetMark; until then holds the hold (SetHold)
 	lapsed    bool  // the assigned share ended: the key runs at most the default
-	evicted   bool
-	denied    int64
-	hold      time.Time // see SetHold
 }
 
 // New returns a Limiter for the limit described by cfg.
@@ -176,9 +187,6 @@ func New(cfg Config) (*Limiter, error) {
 		seed:   maphash.MakeSeed(),
 		mask:   uint64(size - 1),
 		shards: make([]shard, size),
-	}
-	for i := range l.shards {
-		l.shards[i].m = make(map[string]*entry)
 	}
 	inst := max(cfg.Instances, 1)
 	l.params.Store(&params{limit: cfg.Limit, burst: cfg.Burst, n: inst, def: Split(cfg.Limit, cfg.Burst, inst)})
@@ -209,8 +217,10 @@ func (l *Limiter) Instances() int { return l.params.Load().n }
 // Default returns the current default share.
 func (l *Limiter) Default() Share { return l.params.Load().def }
 
-func (l *Limiter) shard(key string) *shard {
-	return &l.shards[maphash.String(l.seed, key)&l.mask]
+// shard returns the shard of key and the key's hash.
+func (l *Limiter) shard(key string) (*shard, uint64) {
+	h := maphash.String(l.seed, key)
+	return &l.shards[h&l.mask], h
 }
 
 // Allow is shorthand for AllowN(t, key, 1).
@@ -223,48 +233,59 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) Result {
 	if n < 1 {
 		return Result{RetryAfter: math.MaxInt64}
 	}
-	for {
-		sh := l.shard(key)
-		sh.mu.RLock()
-		e := sh.m[key]
-		sh.mu.RUnlock()
-		if e == nil {
-			e = l.insert(sh, key, t)
-		}
-		e.mu.Lock()
-		if e.evicted {
-			// Lost a race with EvictIdle: decide on the key's new entry.
-			e.mu.Unlock()
-			continue
-		}
-		t = e.advance(t)
-		e.seen = t
-		e.attempted += int64(n)
-		if e.assigned && !t.Before(e.until) {
-			e.lapse(t, l.Default())
-		}
-		r := Result{Assigned: e.assigned, Flagged: e.flagged, Mark: e.mark}
-		if e.mark != 0 {
-			if t.Before(e.hold) {
-				r.Hold = e.hold.Sub(t)
-			}
-			e.mu.Unlock()
-			return r
-		}
-		r.Allowed = e.lim.AllowN(t, n)
-		if !r.Allowed {
-			e.denied += int64(n)
-		}
-		tokens := e.lim.TokensAt(t)
-		if tokens > 0 {
-			r.Remaining = int64(tokens)
-		}
-		if !r.Allowed {
-			r.RetryAfter = retryAfter(e.lim.Limit(), e.lim.Burst(), tokens, n)
-		}
-		e.mu.Unlock()
+	sh, h := l.shard(key)
+	sh.mu.Lock()
+	e := sh.keys.get(h, key)
+	if e == nil {
+		e = l.insert(sh, h, key, t)
+	}
+	// sh.advance, written out: this is the one place it is hot.
+	now := t.Sub(sh.base)
+	if now < e.last {
+		now = e.last
+		t = sh.base.Add(now)
+	}
+	e.last, e.seen = now, now
+	e.attempted += int64(n)
+	if e.mark != 0 {
+		r := l.marked(e, now)
+		sh.mu.Unlock()
 		return r
 	}
+	if e.assigned && now >= e.until {
+		l.expire(e, t)
+	}
+	r := Result{Allowed: e.lim.AllowN(t, n), Assigned: e.assigned, Flagged: e.flagged}
+	tokens := e.lim.TokensAt(t)
+	if tokens > 0 {
+		r.Remaining = int64(tokens)
+	}
+	if !r.Allowed {
+		r.RetryAfter = e.retryAfter(tokens, n)
+		e.denied += uint32(n)
+	}
+	sh.mu.Unlock()
+	return r
+}
+
+// marked is the result of a decision on the marked key e at offset now:
+// the caller decides it. Requires the shard's mu held.
+func (l *Limiter) marked(e *entry, now time.Duration) Result {
+	r := Result{Mark: e.mark, Flagged: e.flagged}
+	if now < e.until {
+		r.Hold = e.until - now
+	}
+	return r
+}
+
+// expire ends e's assigned share at t: it lapses to the smaller of that
+// share and the default. Requires the shard's mu held. It is a function of
+// its own to keep the decision's frame small; so is retryAfter.
+func (l *Limiter) expire(e *entry, t time.Time) { e.lapse(t, l.Default()) }
+
+// retryAfter is how long until e's tokens grow to n. Requires the shard's mu held.
+func (e *entry) retryAfter(tokens float64, n int) time.Duration {
+	return retryAfter(e.lim.Limit(), e.lim.Burst(), tokens, n)
 }
 
 // retryAfter is how long until tokens grows to n at rate lim.
@@ -283,52 +304,59 @@ func retryAfter(lim rate.Limit, burst int, tokens float64, n int) time.Duration 
 	return d
 }
 
-func (l *Limiter) insert(sh *shard, key string, t time.Time) *entry {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e := sh.m[key]; e != nil {
-		return e
+// insert adds key, whose hash is h, at the default share, first decided on
+// at t. Requires sh.mu held and key not in sh.
+func (l *Limiter) insert(sh *shard, h uint64, key string, t time.Time) *entry {
+	if sh.keys.n == 0 {
+		sh.base = t // no entry counts from the old base
 	}
-	def := l.Default()
-	// A new rate.Limiter has never been advanced, so it starts full.
-	e := &entry{lim: rate.NewLimiter(def.Limit, def.Burst), last: t, created: t, seen: t}
-	sh.m[key] = e
-	sh.size.Grew(len(sh.m))
+	p := l.params.Load()
+	def := p.def
+	now := t.Sub(sh.base)
+	// A new rate.Limiter has never been advanced, so it starts full. It is
+	// copied before its first use.
+	e := &entry{lim: *rate.NewLimiter(def.Limit, def.Burst), key: key, last: now, created: now, seen: now, mark: p.mark}
+	sh.keys.put(h, e)
 	return e
 }
 
-// advance clamps t so that the times fed to e.lim never move backwards.
-// Requires e.mu held.
-func (e *entry) advance(t time.Time) time.Time {
-	if t.Before(e.last) {
-		return e.last
+// advance clamps t so that the times fed to e.lim never move backwards, and
+// returns the time to feed and its offset from sh.base. Requires sh.mu held.
+func (sh *shard) advance(e *entry, t time.Time) (time.Time, time.Duration) {
+	now := t.Sub(sh.base)
+	if now < e.last {
+		return sh.base.Add(e.last), e.last
 	}
-	e.last = t
-	return t
+	e.last = now
+	return t, now
 }
 
-// fallBack moves e back to the default share. Requires e.mu held.
+// time returns the instant at offset d from sh.base.
+func (sh *shard) time(d time.Duration) time.Time { return sh.base.Add(d) }
+
+// fallBack moves e back to the default share. Requires the shard's mu held.
 func (e *entry) fallBack(t time.Time, def Share) {
 	e.assigned, e.lapsed = false, false
-	e.until = time.Time{}
+	e.until = 0
 	e.setShare(t, def)
 }
 
-// lapse ends e's assigned share at t: it runs the smaller of that share
-// and def until Unassign. Requires e.mu held.
+// lapse ends e's assigned share at t: it runs the smaller of that share and
+// def until Unassign. Requires the shard's mu held.
 func (e *entry) lapse(t time.Time, def Share) {
 	e.assigned, e.lapsed = false, true
-	e.until = time.Time{}
+	e.until = 0
 	e.setShare(t, e.capped(def))
 }
 
 // capped is the smaller of e's share and def, rate and burst apart.
-// Requires e.mu held.
+// Requires the shard's mu held.
 func (e *entry) capped(def Share) Share {
 	return Share{Limit: min(e.lim.Limit(), def.Limit), Burst: min(e.lim.Burst(), def.Burst)}
 }
 
-// setShare changes the rate and burst of e at t. Requires e.mu held.
+// setShare changes the rate and burst of e at t. Requires the shard's mu
+// held.
 func (e *entry) setShare(t time.Time, s Share) {
 	if e.lim.Limit() != s.Limit {
 		e.lim.SetLimitAt(t, s.Limit)
@@ -338,39 +366,34 @@ func (e *entry) setShare(t time.Time, s Share) {
 	}
 }
 
-// Assign runs key at share s from t until until. After until the key
-// runs the smaller of s and the default share (it lapses), until Unassign:
+// Assign runs key at share s from t until until. After until the key runs
+// the smaller of s and the default share (it lapses), until Unassign:
 // whoever assigned s may still be counted at s elsewhere, not at the
 // default share. It reports false, and does nothing, if the key does not
-// exist (never seen, or evicted). A share with a positive rate and a
-// burst below 1 runs at burst 1; the zero Share admits nothing.
+// exist (never seen, or evicted). A share with a positive rate and a burst
+// below 1 runs at burst 1; the zero Share admits nothing. A marked key
+// takes the share for when it is unmarked.
 func (l *Limiter) Assign(t time.Time, key string, s Share, until time.Time) bool {
 	s = fixShare(s)
-	return l.with(key, func(e *entry) { l.assign(e, t, s, until) })
+	return l.with(key, func(sh *shard, e *entry) { l.assign(sh, e, t, s, until) })
 }
 
 // AssignNew is Assign, creating key at t first if it does not exist.
 func (l *Limiter) AssignNew(t time.Time, key string, s Share, until time.Time) bool {
 	s = fixShare(s)
-	for {
-		sh := l.shard(key)
-		sh.mu.RLock()
-		e := sh.m[key]
-		sh.mu.RUnlock()
-		if e == nil {
-			e = l.insert(sh, key, t)
-		}
-		e.mu.Lock()
-		if e.evicted {
-			e.mu.Unlock()
-			continue
-		}
-		l.assign(e, t, s, until)
-		e.mu.Unlock()
-		return true
+	sh, h := l.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys.get(h, key)
+	if e == nil {
+		e = l.insert(sh, h, key, t)
 	}
+	l.assign(sh, e, t, s, until)
+	return true
 }
 
+// fixShare makes s a share a key can run: no negative rate, and a burst of
+// at least 1 unless s admits nothing at all.
 func fixShare(s Share) Share {
 	if s.Limit < 0 {
 		s.Limit = 0
@@ -384,35 +407,60 @@ func fixShare(s Share) Share {
 	return s
 }
 
-// assign puts s in force on e from t until until. Requires e.mu held.
-func (l *Limiter) assign(e *entry, t time.Time, s Share, until time.Time) {
-	t = e.advance(t)
+// assign puts s in force on e from t until until. Requires sh.mu held.
+func (l *Limiter) assign(sh *shard, e *entry, t time.Time, s Share, until time.Time) {
+	t, now := sh.advance(e, t)
+	if e.mark != 0 {
+		// until holds the hold of a marked key: the share waits.
+		e.assigned, e.lapsed = false, true
+		e.setShare(t, s)
+		return
+	}
 	e.assigned, e.lapsed = true, false
-	e.until = until
+	e.until = until.Sub(sh.base)
 	e.setShare(t, s)
-	if !t.Before(until) {
+	if now >= e.until {
 		e.lapse(t, l.Default())
 	}
 }
 
+// SetNewMark makes every key created from now on start with mark m (see
+// SetMark); 0, the default, creates keys unmarked. Keys that exist keep
+// their marks.
+func (l *Limiter) SetNewMark(m uint8) {
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	p := *l.params.Load()
+	p.mark = m
+	l.params.Store(&p)
+}
+
 // SetMark sets key's mark, a small number the caller gives a meaning to
 // (package hybrid marks keys decided in Redis); 0 clears it. A marked key
-// is not decided here: AllowN counts its attempt and reports its mark. It
+// is not decided here: AllowN counts its attempt and reports its mark and
+// hold. Marking or unmarking clears the hold; an unmarked key runs the
+// smaller of its share and the default until Assign or Unassign. It
 // reports false if the key does not exist.
 func (l *Limiter) SetMark(key string, m uint8) bool {
-	return l.with(key, func(e *entry) {
+	return l.with(key, func(_ *shard, e *entry) {
+		if e.mark == m {
+			return
+		}
 		e.mark = m
-		e.hold = time.Time{}
+		e.until, e.assigned, e.lapsed = 0, false, true
 	})
 }
 
 // SetHold asks that AllowN report Hold for the marked key until until: a
 // denial that said nothing is available until then. It reports false if
-// the key does not exist.
+// the key does not exist or is not marked.
 func (l *Limiter) SetHold(key string, until time.Time) bool {
-	return l.with(key, func(e *entry) {
-		if until.After(e.hold) {
-			e.hold = until
+	return l.with(key, func(sh *shard, e *entry) {
+		if e.mark == 0 {
+			return
+		}
+		if d := until.Sub(sh.base); d > e.until {
+			e.until = d
 		}
 	})
 }
@@ -420,7 +468,10 @@ func (l *Limiter) SetHold(key string, until time.Time) bool {
 // Unassign moves key back to the default share at t, lapsed or not. It
 // reports false if the key does not exist.
 func (l *Limiter) Unassign(t time.Time, key string) bool {
-	return l.with(key, func(e *entry) { e.fallBack(e.advance(t), l.Default()) })
+	return l.with(key, func(sh *shard, e *entry) {
+		t, _ := sh.advance(e, t)
+		e.fallBack(t, l.Default())
+	})
 }
 
 // SetFlag sets or clears a mark on key that later decisions report in
@@ -428,25 +479,20 @@ func (l *Limiter) Unassign(t time.Time, key string) bool {
 // whose last lease request failed). It reports false if the key does not
 // exist.
 func (l *Limiter) SetFlag(key string, on bool) bool {
-	return l.with(key, func(e *entry) { e.flagged = on })
+	return l.with(key, func(_ *shard, e *entry) { e.flagged = on })
 }
 
-// with runs f on key's entry with the entry locked, and reports false if the
+// with runs f on key's entry with its shard locked, and reports false if the
 // key does not exist.
-func (l *Limiter) with(key string, f func(*entry)) bool {
-	sh := l.shard(key)
-	sh.mu.RLock()
-	e := sh.m[key]
-	sh.mu.RUnlock()
+func (l *Limiter) with(key string, f func(*shard, *entry)) bool {
+	sh, h := l.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys.get(h, key)
 	if e == nil {
 		return false
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.evicted {
-		return false
-	}
-	f(e)
+	f(sh, e)
 	return true
 }
 
@@ -513,18 +559,18 @@ func (l *Limiter) set(t time.Time, p *params) {
 	}
 	for i := range l.shards {
 		sh := &l.shards[i]
-		sh.mu.RLock()
-		for _, e := range sh.m {
-			e.mu.Lock()
+		sh.mu.Lock()
+		sh.keys.each(func(e *entry) {
 			switch {
 			case e.lapsed:
-				e.setShare(e.advance(t), e.capped(s))
+				t, _ := sh.advance(e, t)
+				e.setShare(t, e.capped(s))
 			case !e.assigned:
-				e.setShare(e.advance(t), s)
+				t, _ := sh.advance(e, t)
+				e.setShare(t, s)
 			}
-			e.mu.Unlock()
-		}
-		sh.mu.RUnlock()
+		})
+		sh.mu.Unlock()
 	}
 }
 
@@ -533,48 +579,47 @@ func (l *Limiter) set(t time.Time, p *params) {
 func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
 	for i := range l.shards {
 		sh := &l.shards[i]
-		sh.mu.RLock()
-		for k, e := range sh.m {
-			e.mu.Lock()
+		sh.mu.Lock()
+		sh.keys.each(func(e *entry) {
+			var until time.Time
+			if e.assigned {
+				until = sh.time(e.until)
+			}
 			dst = append(dst, KeyStats{
-				Key:       k,
+				Key:       e.key,
 				Attempted: e.attempted,
-				LastSeen:  e.seen,
-				Created:   e.created,
-				Assigned:  e.assigned && e.last.Before(e.until),
-				Until:     e.until,
+				LastSeen:  sh.time(e.seen),
+				Created:   sh.time(e.created),
+				Assigned:  e.assigned && e.last < e.until,
+				Until:     until,
 				Share:     Share{Limit: e.lim.Limit(), Burst: e.lim.Burst()},
 				Denied:    e.denied,
 				Mark:      e.mark,
 				Lapsed:    e.lapsed,
 			})
-			e.mu.Unlock()
-		}
-		sh.mu.RUnlock()
+		})
+		sh.mu.Unlock()
 	}
 	return dst
 }
 
 // EvictIdle removes every key whose latest decision is older than t minus
-// idle and whose assigned share, if any, has ended by t, appends the
-// removed keys to dst and returns it. A later decision on a removed key
-// starts it afresh at the default share. Once most of the
+// idle, appends the removed keys to dst and returns it. A later decision on
+// a removed key starts it afresh at the default share. Once most of the
 // keys a shard held are gone, the memory they took is given back.
 func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []string {
 	cutoff := t.Add(-idle)
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			e.mu.Lock()
-			if e.seen.Before(cutoff) && !(e.assigned && t.Before(e.until)) {
-				e.evicted = true
-				delete(sh.m, k)
-				dst = append(dst, k)
+		before, now := cutoff.Sub(sh.base), t.Sub(sh.base)
+		sh.keys.removeIf(func(e *entry) bool {
+			if e.seen >= before || (e.assigned && e.until > now) {
+				return false
 			}
-			e.mu.Unlock()
-		}
-		sh.m = shrink.Map(sh.m, &sh.size)
+			dst = append(dst, e.key)
+			return true
+		})
 		sh.mu.Unlock()
 	}
 	return dst
@@ -585,9 +630,9 @@ func (l *Limiter) Len() int {
 	n := 0
 	for i := range l.shards {
 		sh := &l.shards[i]
-		sh.mu.RLock()
-		n += len(sh.m)
-		sh.mu.RUnlock()
+		sh.mu.Lock()
+		n += sh.keys.n
+		sh.mu.Unlock()
 	}
 	return n
 }

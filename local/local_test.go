@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/time/rate"
 )
@@ -325,4 +326,48 @@ func TestConcurrentEvictionAndDecisions(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// TestEntrySize keeps an entry in the 144-byte size class, which is what
+// holds the memory per key under twice that of a bare map of limiters. A
+// field that pushes it into the next class (160 bytes) costs 16 bytes on
+// every key.
+func TestEntrySize(t *testing.T) {
+	if got := unsafe.Sizeof(entry{}); got > 144 {
+		t.Fatalf("an entry takes %d bytes, more than the 144-byte size class", got)
+	}
+	// Shards sit on cache lines of their own, so that deciding on keys of
+	// different shards from different cores does not bounce one line.
+	if got := unsafe.Sizeof(shard{}); got != 64 {
+		t.Fatalf("a shard takes %d bytes, not one 64-byte cache line", got)
+	}
+}
+
+// TestStatsTimes checks that the times an entry keeps as offsets come back
+// as the instants they were given, for fixed instants and for readings of
+// the clock (which carry a monotonic reading), and that a time given out of
+// order is clamped.
+func TestStatsTimes(t *testing.T) {
+	for name, start := range map[string]time.Time{"fixed": t0, "clock": time.Now()} {
+		t.Run(name, func(t *testing.T) {
+			l := mustNew(t, Config{Limit: 10, Burst: 10, Shards: 1})
+			l.Allow(start, "k")
+			l.Allow(start.Add(3*time.Second), "k")
+			l.Allow(start.Add(2*time.Second), "k") // out of order: counts as 3s
+			l.Assign(start.Add(3*time.Second), "k", Share{20, 20}, start.Add(time.Minute))
+			st := l.AppendStats(nil)
+			if len(st) != 1 {
+				t.Fatalf("%d stats", len(st))
+			}
+			s := st[0]
+			if !s.Created.Equal(start) || !s.LastSeen.Equal(start.Add(3*time.Second)) ||
+				!s.Until.Equal(start.Add(time.Minute)) || !s.Assigned || s.Attempted != 3 {
+				t.Fatalf("stats %+v, want created at the start, last seen 3s later, until 1m later", s)
+			}
+			l.Unassign(start.Add(4*time.Second), "k")
+			if s := l.AppendStats(nil)[0]; s.Assigned || !s.Until.IsZero() {
+				t.Fatalf("after Unassign: %+v, want not assigned and a zero Until", s)
+			}
+		})
+	}
 }

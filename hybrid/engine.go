@@ -470,9 +470,12 @@ func (e *engine) stepExact(now time.Time, n int, def float64, st *local.KeyStats
 	le.renewAt = now.Add(e.t.contendedTTL / renewDivisor)
 	heavy := d > def*exactLeaseAbove
 	if e.exactBursts {
-		// Exact is where these keys live; only heavy ones move, to a
-		// lease, after the same pause as below.
-		if !heavy {
+		// Exact is where these keys live. Heavy ones move to a lease, and
+		// so do steady ones whose default share's part of the burst
+		// splits well: a lease then admits as well for far fewer
+		// commands. They move after the same pause as below.
+		steady := d >= def*exactLeaveBelow && e.share(def).Burst >= exactBurstBelow
+		if !heavy && !steady {
 			return calls
 		}
 		e.shares.SetMark(st.Key, 0)

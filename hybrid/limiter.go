@@ -377,7 +377,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	t, err := l.store.TakeExact(cctx, global.ExactRequest{
 		Limit: ls.Name, Key: key, Instance: l.members.Name(),
 		Rate: ls.Rate, Burst: ls.Burst, Instances: l.shareCount(ls, now), N: n,
-		TTL: l.cfg.UncontendedTTL,
+		TTL: l.cfg.UncontendedTTL, ExactBursts: ls.ExactBursts,
 	})
 	cancel()
 	ls.sent(1)

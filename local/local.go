@@ -438,16 +438,22 @@ func (l *Limiter) SetNewMark(m uint8) {
 // SetMark sets key's mark, a small number the caller gives a meaning to
 // (package hybrid marks keys decided in Redis); 0 clears it. A marked key
 // is not decided here: AllowN counts its attempt and reports its mark and
-// hold. Marking or unmarking clears the hold; an unmarked key runs the
-// smaller of its share and the default until Assign or Unassign. It
-// reports false if the key does not exist.
+// hold. Marking or unmarking clears the hold and empties the key's
+// bucket; an unmarked key runs the smaller of its share and the default
+// until Assign or Unassign. It reports false if the key does not exist.
 func (l *Limiter) SetMark(key string, m uint8) bool {
-	return l.with(key, func(_ *shard, e *entry) {
+	return l.with(key, func(sh *shard, e *entry) {
 		if e.mark == m {
 			return
 		}
 		e.mark = m
 		e.until, e.assigned, e.lapsed = 0, false, true
+		// Whatever the key decides here starts from an empty bucket: its
+		// tokens were the caller's to spend elsewhere meanwhile.
+		t := sh.time(e.last)
+		b := e.lim.Burst()
+		e.lim.SetBurstAt(t, 0)
+		e.lim.SetBurstAt(t, b)
 	})
 }
 

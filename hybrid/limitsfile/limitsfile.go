@@ -9,9 +9,11 @@
 //	    mode: hybrid       # local, global or hybrid
 //	    on_outage: fail-local  # fail-local, fail-open or fail-closed
 //	    shadow: true       # optional: decide and count, but admit everything
+//	    exact_bursts: true # optional, hybrid only: a client's burst is admitted whole
 //
 // A rate is a number of tokens per second, or a number per unit of time:
-// 100/s, 6000/min, 5000/h, 1/day. Every field but shadow is required: in
+// 100/s, 6000/min, 5000/h, 1/day. Every field but shadow and exact_bursts
+// (hybrid.Limit.ExactBursts) is required: in
 // particular what a limit does while Redis is down is never guessed.
 //
 // Every problem is reported, each with the file's name, the line it is on,
@@ -96,7 +98,7 @@ func Load(path string, opts ...Option) ([]hybrid.Limit, error) {
 // Parse parses the limits file data, named name in messages. The file is
 // a mapping with one field, limits, holding a list of limits (or that list
 // alone); each limit has the fields name, rate, burst, mode, on_outage and,
-// optionally, shadow (see the package documentation). A rate is a number
+// optionally, shadow and exact_bursts (see the package documentation). A rate is a number
 // of tokens per second (1e3 and 1_000 are numbers too) or a number per unit:
 // /s, /min (or /m), /h and /day (or /d), the units also spelt sec, second,
 // minute, hr, hour and with a plural s, in any case; so 6000/min is 100,
@@ -199,7 +201,7 @@ func (p *parser) limits(list *yaml.Node) []hybrid.Limit {
 }
 
 // fields are the fields of one limit, in the order messages list them.
-var fields = []string{"name", "rate", "burst", "mode", "on_outage", "shadow"}
+var fields = []string{"name", "rate", "burst", "mode", "on_outage", "shadow", "exact_bursts"}
 
 // example is what a limits file looks like, for messages.
 const example = `limits:
@@ -254,6 +256,11 @@ func (p *parser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 	if v := given["shadow"]; v != nil {
 		if v.Kind != yaml.ScalarNode || v.Decode(&l.Shadow) != nil {
 			p.errorf(v, "shadow is %q, not true or false: write shadow: true to admit every request and only count what the limit would deny, or leave it out", v.Value)
+		}
+	}
+	if v := given["exact_bursts"]; v != nil {
+		if v.Kind != yaml.ScalarNode || v.Decode(&l.ExactBursts) != nil {
+			p.errorf(v, "exact_bursts is %q, not true or false: write exact_bursts: true to admit a client's burst whole wherever it lands (hybrid limits only), or leave it out", v.Value)
 		}
 	}
 	return l, len(p.errs) == before

@@ -131,6 +131,10 @@ type Lease struct {
 	// for a release how long until the instance may run its default share
 	// again (0 when it may at once).
 	In time.Duration
+	// Unrecorded is how many of the other live instances hold no record
+	// of the key and were counted at their default share: asking them to
+	// yield is what could free more for this instance.
+	Unrecorded int
 	// Err is the failure of this request alone (for example WRONGTYPE at its
 	// key, or an error wrapping ErrInvalid), nil on success. When Err is set
 	// the other fields are zero.
@@ -333,7 +337,7 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	f, err := replyStrings(v, 7)
+	f, err := replyStrings(v, 8)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -342,16 +346,18 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	demand, err3 := strconv.ParseFloat(f[2], 64)
 	expiry, err4 := strconv.ParseInt(f[4], 10, 64)
 	in, err5 := strconv.ParseInt(f[6], 10, 64)
-	if err := errors.Join(err1, err2, err3, err4, err5); err != nil || !isFlag(f[3]) || !isFlag(f[5]) {
+	unrecorded, err6 := strconv.Atoi(f[7])
+	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil || !isFlag(f[3]) || !isFlag(f[5]) {
 		return Lease{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
 	return Lease{
-		Granted:   granted,
-		Fair:      fair,
-		Demand:    demand,
-		Contended: f[3] == "1",
-		Expires:   time.UnixMicro(expiry),
-		Lost:      f[5] == "1",
-		In:        time.Duration(in) * time.Microsecond,
+		Granted:    granted,
+		Fair:       fair,
+		Demand:     demand,
+		Contended:  f[3] == "1",
+		Expires:    time.UnixMicro(expiry),
+		Lost:       f[5] == "1",
+		In:         time.Duration(in) * time.Microsecond,
+		Unrecorded: unrecorded,
 	}, nil
 }

@@ -181,4 +181,5 @@ return {
   string.format('%d', expiry),
   is_lost,
   string.format('%d', expiry - now),
+  string.format('%d', unrecorded),
 }

@@ -158,7 +158,18 @@ type lease struct {
 	quietAt       int64     // the key's Attempted counter at the last tick
 	askGap        int       // ticks after a grant that a key that asked its peers renews; 0: soonTicks
 	askedPeers    time.Time // when this instance last asked its peers to yield the key
+	wantsLease    bool      // yielded: its share denied a request, and it asks for a lease until granted
+	unrecorded    bool      // the last grant counted peers that hold no record at their default share: they could yield
 	demand        demandWindow
+}
+
+// peersCouldYield reports whether asking the peers to yield could grow the
+// key's grant: Redis counted peers without a record at their default
+// share, or others hold more than their fair share (they renew with their
+// demand now when asked). A key at its fair share among peers that all
+// need theirs does not ask.
+func (le *lease) peersCouldYield() bool {
+	return le.unrecorded || le.granted < le.fair*starvedFair
 }
 
 // settled reports whether the key's contended share has stopped moving.
@@ -175,7 +186,9 @@ func (le *lease) running(def float64) (r float64, held bool) {
 	case stateLapsed, stateReleasing:
 		return min(le.granted, def), true
 	case stateYielded:
-		return le.granted, true
+		// What it kept is not a grant of Redis's: its record may not exist
+		// yet, and a missing record must not read as lost state.
+		return le.granted, false
 	}
 	return def, false
 }
@@ -404,7 +417,7 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		return e.stepExact(now, n, def, st, le, calls)
 	}
 	// Asking, held or lapsed.
-	if !e.exactBursts && le.state == stateHeld && le.lastWant > def && le.granted < le.lastWant*askPeersAfterGap &&
+	if le.state == stateHeld && le.peersCouldYield() && le.lastWant > def && le.granted < le.lastWant*askPeersAfterGap &&
 		now.Sub(le.askedPeers) >= askEvery {
 		// Starved while it wants more than its share: keep asking the
 		// peers (no Redis), so that their yields stand while it needs
@@ -420,7 +433,7 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		return e.idle(now, n, st, le, calls)
 	}
 	c := e.leaseCall(now, n, def, st, le)
-	if !e.exactBursts && le.state == stateHeld && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
+	if le.state == stateHeld && le.peersCouldYield() && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
 		if now.Sub(le.askedPeers) >= soonTicks*e.t.tick {
 			e.asks = append(e.asks, st.Key)
 			le.askedPeers = now
@@ -438,15 +451,17 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 func (e *engine) stepYielded(now time.Time, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
 	life := e.t.uncontendedTTL * yieldLife
 	switch {
-	case denied && now.Sub(le.sentAt) > 0:
-		// Raise only after a grant: it keeps what it kept until then.
+	case (denied || (le.wantsLease && !now.Before(le.renewAt))) && now.Sub(le.sentAt) > 0:
+		// Raise only after a grant: it keeps what it kept until then, and
+		// asks again at the next tick if the request fails.
+		le.wantsLease = true
 		return append(calls, e.leaseCall(now, n, def, st, le))
 	case now.Sub(le.askedAt) < life/2:
 		if !now.Before(le.renewAt) {
 			le.renewAt = now.Add(e.t.tick) // until answered
 			le.sentAt = now
 			req := e.request(st.Key, le.granted, n, life)
-			req.Yield, req.Running, req.RunningFor, req.Held = true, le.granted, life, true
+			req.Yield, req.Running, req.RunningFor = true, le.granted, life
 			return append(calls, call{req: req, lease: le, kind: callYield})
 		}
 	case !now.Before(le.renewAt):
@@ -561,6 +576,10 @@ func (e *engine) idle(now time.Time, n int, st *local.KeyStats, le *lease, calls
 		le.renewAt = now
 		return e.stepYielded(now, n, e.rate/float64(n), st, le, false, calls)
 	}
+	// Lower first: once Redis has the release it counts this instance at
+	// its default share at most.
+	def := e.rate / float64(n)
+	e.shares.Assign(now, st.Key, e.share(min(le.granted, def)), le.until)
 	le.state, le.renewAt = stateReleasing, now.Add(e.t.tick)
 	return append(calls, e.release(st.Key, n, le))
 }
@@ -639,6 +658,7 @@ func (e *engine) answered(at, sent time.Time, c *call, res *global.Lease) (assig
 // placement when the grant would split the burst too finely.
 func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
 	le := c.lease
+	le.wantsLease = false
 	first := le.state != stateHeld && le.granted == 0
 	settled := res.Contended && res.Granted >= res.Fair*settledFair && le.granted > 0 &&
 		math.Abs(res.Granted-le.granted) <= settledWithin*le.granted
@@ -649,6 +669,7 @@ func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
 	}
 	moved := math.Abs(res.Granted-le.granted) > le.granted*0.01
 	le.granted, le.fair, le.contended = res.Granted, res.Fair, res.Contended
+	le.unrecorded = res.Unrecorded > 0
 	le.until = sent.Add(time.Duration(float64(c.req.TTL) * endEarly))
 	le.renewAt = sent.Add(e.renewIn(c.req.TTL, res, first, settled))
 	if le.askGap > 0 {

@@ -3,6 +3,7 @@ package hybrid
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,23 +13,26 @@ import (
 	"github.com/hybridlimit/hybridlimit/local"
 )
 
-// The lease policy in step tables, as x/time/rate and package local are
-// tested: a fixed t0, steps at t0 + k·d, each step one call to the engine
-// and what it must return and leave behind. No Redis and no clock: the
-// answers are written in the table, and the keys' limiters are real
+// The placement policy in step tables, as x/time/rate and package local
+// are tested: a fixed t0, steps at t0 + k·d, each step one call to the
+// engine and what it must return and leave behind. No Redis and no clock:
+// the answers are written in the table, and the keys' limiters are real
 // local.Limiters driven at the same instants.
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // The limit and timings of every table: 100/s, burst 20, over 4 instances
-// (a default share of 25/s), the Config defaults for the loop.
+// (a default share of 25/s, burst 5), the Config defaults for the loop.
 const (
 	eRate  = 100.0
 	eBurst = 20
 	eN     = 4
+	eDef   = eRate / eN
 	eTick  = 50 * time.Millisecond
 	eCTTL  = 600 * time.Millisecond
 	eUTTL  = 5 * time.Second
+	eRTO   = 150 * time.Millisecond
+	eLife  = yieldLife * eUTTL // a yield record's lifetime
 	ms     = time.Millisecond
 )
 
@@ -56,7 +60,7 @@ func newRig(t *testing.T) *rig {
 	}
 	r := &rig{t: t, loc: loc, flags: map[string]bool{}, n: eN}
 	r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: eBurst}, "me",
-		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL}, flagRecorder{r})
+		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, flagRecorder{r})
 	return r
 }
 
@@ -95,6 +99,18 @@ func decide(k int) op {
 	}}
 }
 
+// decideOne makes one decision on "k", which must be allowed or not as
+// allowed says and carry mark: a marked key is decided in Redis, not here.
+func decideOne(allowed bool, mark uint8) op {
+	return op{fmt.Sprintf("decideOne(allowed %v, mark %d)", allowed, mark), func(r *rig, now time.Time) []call {
+		r.t.Helper()
+		if res := r.loc.Allow(now, "k"); res.Allowed != allowed || res.Mark != mark {
+			r.t.Fatalf("at %v the decision is %+v; want allowed %v, mark %d", now.Sub(t0), res, allowed, mark)
+		}
+		return nil
+	}}
+}
+
 // tick runs one round of the loop: the requests due now.
 func tick() op {
 	return op{"tick", func(r *rig, now time.Time) []call {
@@ -111,20 +127,68 @@ func tick() op {
 	}}
 }
 
-// grant answers the last tick's request of "k".
-func grant(granted, fair float64, contended bool) op {
-	return op{fmt.Sprintf("grant(%v, fair %v, contended %v)", granted, fair, contended), func(r *rig, now time.Time) []call {
-		res := global.Lease{Granted: granted, Fair: fair, Contended: contended}
+// answer answers the last tick's request of "k" with res, as the loop does.
+func answer(name string, res global.Lease) op {
+	return op{name, func(r *rig, now time.Time) []call {
 		r.assigned, r.recovered = r.eng.answered(now, r.sentAt, r.onlyPending(), &res)
 		return nil
 	}}
 }
+
+// grant answers the last tick's lease request of "k".
+func grant(granted, fair float64, contended bool) op {
+	return answer(fmt.Sprintf("grant(%v, fair %v, contended %v)", granted, fair, contended),
+		global.Lease{Granted: granted, Fair: fair, Contended: contended})
+}
+
+// ack answers the last tick's release of "k": the instance may run its
+// default share again in.
+func ack(in time.Duration) op {
+	return answer(fmt.Sprintf("ack(in %v)", in), global.Lease{In: in})
+}
+
+// recorded answers the last tick's yield of "k".
+func recorded() op { return answer("recorded", global.Lease{}) }
 
 // fail answers the last tick's request of "k" with a failure: an error, or
 // an answer lost on the way, which the loop sees as a timeout.
 func fail() op {
 	return op{"fail", func(r *rig, now time.Time) []call {
 		r.failing = r.eng.failed(r.sentAt, r.onlyPending())
+		return nil
+	}}
+}
+
+// peerAsks hands the engine a peer's ask to yield "k", as the loop does at
+// a tick.
+func peerAsks() op {
+	return op{"peerAsks", func(r *rig, now time.Time) []call {
+		r.eng.yieldAsked(now, "k", r.n)
+		return nil
+	}}
+}
+
+// degrade degrades the limit, or restores it, as the loop does before a
+// tick.
+func degrade(on bool) op {
+	return op{fmt.Sprintf("degrade(%v)", on), func(r *rig, now time.Time) []call {
+		r.eng.degraded = on
+		return nil
+	}}
+}
+
+// recordEnds checks that the engine takes "k"'s record to have certainly
+// ended at t0+at.
+func recordEnds(at time.Duration) op {
+	return op{fmt.Sprintf("recordEnds(%v)", at), func(r *rig, now time.Time) []call {
+		r.t.Helper()
+		le := r.eng.keys["k"]
+		if le == nil {
+			r.t.Fatal("key unknown to the engine")
+		}
+		if !le.until.Equal(t0.Add(at)) {
+			r.t.Fatalf("the record of k ends at %v; want %v", le.until.Sub(t0), at)
+		}
 		return nil
 	}}
 }
@@ -140,7 +204,8 @@ func evictIdle(idle time.Duration) op {
 	}}
 }
 
-// instances changes the instance count to n, as membership reports it.
+// instances changes the instance count N-hat to n, as membership reports
+// it (a larger count at once, a smaller one after PeakWindow).
 func instances(n int) op {
 	return op{fmt.Sprintf("instances(%d)", n), func(r *rig, now time.Time) []call {
 		r.n = n
@@ -158,14 +223,16 @@ func (r *rig) onlyPending() *call {
 	return &r.pending[0]
 }
 
-// req is an expected lease request of key "k" (Limit, Instance, Rate and
-// Cold are checked once, in check).
+// req is an expected request of key "k" (Limit, Instance, Rate, MaxTTL and
+// ExactBursts are checked once, in checkCalls).
 type req struct {
 	want        float64
 	ttl         time.Duration
 	running     float64
 	runningFor  time.Duration
-	instances   int // 0 means eN
+	held, yield bool
+	kind        callKind
+	instances   int // 0 means the rig's
 	releaseOnly bool
 }
 
@@ -173,19 +240,36 @@ type req struct {
 // schedule leave demand to those about demand.
 const anyWant = -1
 
-// release is the expected release of "k".
-var release = req{ttl: eCTTL, releaseOnly: true}
+// release is the expected release of "k" that nothing waits on (an
+// evicted key's); released is one the key waits on the ack of.
+var (
+	release  = req{ttl: eCTTL, kind: callRelease, releaseOnly: true}
+	released = req{ttl: eCTTL, kind: callRelease}
+)
+
+// asking is the request of a key that asks for a lease from the share
+// placement: uncontended, saying it runs its default share.
+func asking(want float64) req {
+	return req{want: want, ttl: eUTTL, running: eDef, runningFor: eUTTL}
+}
+
+// yielding is the request that records a yield of "k" down to kept.
+func yielding(kept float64) req {
+	return req{want: kept, ttl: eLife, running: kept, runningFor: eLife, yield: true, kind: callYield}
+}
 
 // step is one row of a table: at t0+at, run do; it must return exactly
-// calls, and leave "k" in state with its local share.
+// calls, and leave "k" in state with its local share and mark.
 type step struct {
 	at    time.Duration
 	do    op
 	calls []req
 	state keyState
 	// share is the share "k" runs at on this instance; zero means the
-	// default share.
+	// default share, unless none is set: the key admits nothing.
 	share local.Share
+	none  bool
+	mark  uint8
 }
 
 // table is a test's steps, with an optional steady load: perTick
@@ -211,7 +295,7 @@ func run(t *testing.T, tb table) *rig {
 		}
 		calls := s.do.run(r, now)
 		where := fmt.Sprintf("step %d (%v %s)", i, s.at, s.do.name)
-		r.checkCalls(where, now, calls, s.calls)
+		r.checkCalls(where, calls, s.calls)
 		r.checkKey(where, now, s)
 		if tb.after != nil {
 			tb.after(r, i)
@@ -220,7 +304,7 @@ func run(t *testing.T, tb table) *rig {
 	return r
 }
 
-func (r *rig) checkCalls(where string, now time.Time, got []call, want []req) {
+func (r *rig) checkCalls(where string, got []call, want []req) {
 	r.t.Helper()
 	if len(got) != len(want) {
 		r.t.Fatalf("%s: %d requests %v; want %d %v", where, len(got), got, len(want), want)
@@ -231,11 +315,12 @@ func (r *rig) checkCalls(where string, now time.Time, got []call, want []req) {
 		if n == 0 {
 			n = r.n
 		}
-		ok := g.Key == "k" && g.Limit == "api" && g.Instance == "me" && g.Rate == eRate && g.MaxTTL == yieldLife*eUTTL &&
+		ok := g.Key == "k" && g.Limit == "api" && g.Instance == "me" && g.Rate == eRate && g.MaxTTL == eLife && !g.ExactBursts &&
 			g.Instances == n && g.TTL == w.ttl && g.Running == w.running && g.RunningFor == w.runningFor &&
+			g.Held == w.held && g.Yield == w.yield && got[i].kind == w.kind &&
 			(w.want == anyWant || math.Abs(g.Want-w.want) < 1e-9) && (got[i].lease == nil) == w.releaseOnly
 		if !ok {
-			r.t.Fatalf("%s: request %d is %+v (release %v); want %+v", where, i, g, got[i].lease == nil, w)
+			r.t.Fatalf("%s: request %d is %v; want %+v", where, i, got[i], w)
 		}
 	}
 }
@@ -250,7 +335,7 @@ func (r *rig) checkKey(where string, now time.Time, s step) {
 		r.t.Fatalf("%s: state %v; want %v", where, le.state, s.state)
 	}
 	want := s.share
-	if want == (local.Share{}) {
+	if want == (local.Share{}) && !s.none {
 		want = r.loc.Default()
 	}
 	for _, st := range r.loc.AppendStats(nil) {
@@ -258,11 +343,17 @@ func (r *rig) checkKey(where string, now time.Time, s step) {
 			continue
 		}
 		share := st.Share
-		if st.Assigned && !now.Before(st.Until) {
-			share = r.loc.Default() // ended: the next decision runs the default
+		if !st.Until.IsZero() && !now.Before(st.Until) {
+			// Ended: the next decision runs the smaller of it and the
+			// default share.
+			def := r.loc.Default()
+			share = local.Share{Limit: min(share.Limit, def.Limit), Burst: min(share.Burst, def.Burst)}
 		}
 		if share != want {
 			r.t.Fatalf("%s: the key runs at %+v; want %+v", where, share, want)
+		}
+		if st.Mark != s.mark {
+			r.t.Fatalf("%s: the key is marked %d; want %d", where, st.Mark, s.mark)
 		}
 	}
 }
@@ -272,43 +363,52 @@ func leased(g float64) local.Share {
 	return local.Share{Limit: rate.Limit(g), Burst: int(eBurst * g / eRate)}
 }
 
-// coldWant is the want of a key whose only decision was at t0, asked for
-// at t0+at: one request says nothing of its rate, so its gap to now is
-// taken as its period (at most the default share), with headroom.
-func coldWant(at time.Duration) float64 { return min(eRate/eN, 1/at.Seconds()) * headroom }
+// coldWant is the want of a key whose decisions were all at t0, asked for
+// at t0+at: they say nothing of its rate, so its gap to now is taken as its
+// period (at most the default share), with headroom.
+func coldWant(at time.Duration) float64 { return min(eDef, 1/at.Seconds()) * headroom }
 
-// TestEngineColdStartAndFirstGrant: a key asks for its first lease at the
-// tick after its first decision, as uncontended and at its default share
-// until it is granted; the grant is in force at once, renews at half its
-// lifetime, and says what it runs until the answer arrives.
-func TestEngineColdStartAndFirstGrant(t *testing.T) {
+// overShare is a burst that a key's default share (burst 5) cuts: one of
+// its decisions is denied.
+const overShare = eBurst/eN + 1
+
+// TestEngineAskAndFirstGrant: a key in the share placement asks for its
+// first lease at the tick after its share denied a request, as uncontended
+// and saying it runs its default share (not a grant) for the new lease's
+// lifetime; the grant is in force at once, renews at half its lifetime,
+// and says what it runs until the answer arrives.
+func TestEngineAskAndFirstGrant(t *testing.T) {
 	run(t, table{steps: []step{
 		{at: 0, do: tick()}, // no key yet
-		{at: 0, do: decide(1)},
-		{at: 0, do: tick()}, // decided at this instant: nothing measured yet
-		{at: 50 * ms, do: tick(), calls: []req{{want: coldWant(50 * ms), ttl: eUTTL}}, state: stateAsking},
+		{at: 0, do: decide(overShare)},
+		// Decided at this instant: nothing measured yet, and a denial
+		// asks at the next tick, not this one.
+		{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
 		{at: 50 * ms, do: grant(25, 25, false), state: stateHeld, share: leased(25)},
 		{at: 100 * ms, do: tick(), state: stateHeld, share: leased(25)},
 		{at: 1000 * ms, do: decide(1), state: stateHeld, share: leased(25)},
 		{at: 2500 * ms, do: tick(), state: stateHeld, share: leased(25)},
 		// Renews at half its lifetime, running its grant until 90% of it.
-		// Its want: two decisions a second apart, over 2.55 s.
-		{at: 2550 * ms, do: tick(), calls: []req{{want: 2 / 2.55 * headroom, ttl: eUTTL, running: 25, runningFor: 2000 * ms}},
+		// Its want: seven decisions, the last a second after the first,
+		// over 2.55 s.
+		{at: 2550 * ms, do: tick(), calls: []req{{want: 7 / 2.55 * headroom, ttl: eUTTL, running: 25, runningFor: 2000 * ms, held: true}},
 			state: stateHeld, share: leased(25)},
 	}})
 }
 
 // contendedSteps: a key at a steady 40/s, above its fair share of 25/s,
-// granted that share three times in a row: settled, renewing at 1650 ms on
-// a lease of 2·ContendedTTL that runs until 2130 ms.
+// which a burst at t0 makes ask at 50 ms, granted that share three times in
+// a row: settled, renewing at 1650 ms on a lease of 2·ContendedTTL that
+// runs until 2130 ms.
 func contendedSteps() []step {
 	held, share := stateHeld, leased(25)
 	c := func(ttl, runningFor time.Duration) []req {
-		return []req{{want: anyWant, ttl: ttl, running: 25, runningFor: runningFor}}
+		return []req{{want: anyWant, ttl: ttl, running: 25, runningFor: runningFor, held: true}}
 	}
 	return []step{
-		{at: 0, do: tick()},
-		{at: 50 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL}}, state: stateAsking},
+		{at: 0, do: tick()},                // 2 decisions: within the share
+		{at: 0, do: decide(overShare - 2)}, // a burst: one denied
+		{at: 50 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
 		// The first contended grant counts instances not heard from yet:
 		// ask again two ticks on.
 		{at: 50 * ms, do: grant(25, 25, true), state: held, share: share},
@@ -334,7 +434,7 @@ func contendedSteps() []step {
 func TestEngineRenewalSchedule(t *testing.T) {
 	held := stateHeld
 	c := func(ttl, runningFor time.Duration, running float64) []req {
-		return []req{{want: anyWant, ttl: ttl, running: running, runningFor: runningFor}}
+		return []req{{want: anyWant, ttl: ttl, running: running, runningFor: runningFor, held: true}}
 	}
 	run(t, table{perTick: 2, steps: append(contendedSteps(),
 		step{at: 1600 * ms, do: tick(), state: held, share: leased(25)},
@@ -369,7 +469,7 @@ func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 		// demand measured back to 1050 ms (24 decisions) falls below 75% of
 		// the grant, with headroom, after 2458 ms.
 		r := run(t, table{perTick: 2, steps: append(contendedSteps(),
-			step{at: 1650 * ms, do: tick(), calls: []req{{want: anyWant, ttl: 4 * eCTTL, running: 25, runningFor: 480 * ms}},
+			step{at: 1650 * ms, do: tick(), calls: []req{{want: anyWant, ttl: 4 * eCTTL, running: 25, runningFor: 480 * ms, held: true}},
 				state: stateHeld, share: leased(25)},
 			step{at: 1650 * ms, do: grant(25, 25, true), state: stateHeld, share: leased(25)},
 		)})
@@ -413,17 +513,17 @@ func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 // earlyEvery ticks, with a want that follows the new demand; demand within
 // its grant waits for the schedule.
 func TestEngineEarlyRenewalOnGrowth(t *testing.T) {
-	share := leased(10)
+	share := leased(30)
 	run(t, table{steps: []step{
-		{at: 0, do: decide(1)},
-		{at: 50 * ms, do: tick(), calls: []req{{want: coldWant(50 * ms), ttl: eUTTL}}, state: stateAsking},
-		{at: 50 * ms, do: grant(10, 10, false), state: stateHeld, share: share},
+		{at: 0, do: decide(overShare)},
+		{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
+		{at: 50 * ms, do: grant(30, 30, false), state: stateHeld, share: share},
 		{at: 100 * ms, do: decide(1), state: stateHeld, share: share},
 		{at: 200 * ms, do: tick(), state: stateHeld, share: share}, // too soon after the request
 		{at: 250 * ms, do: tick(), state: stateHeld, share: share}, // 1 in 200 ms: within its grant
 		{at: 260 * ms, do: decide(19), state: stateHeld, share: share},
-		// 20 decisions in 250 ms since the request: 80/s > 10/s.
-		{at: 300 * ms, do: tick(), calls: []req{{want: 20 / 0.25 * headroom, ttl: eUTTL, running: 10, runningFor: 4250 * ms}},
+		// 20 decisions in 250 ms since the request: 80/s > 30/s.
+		{at: 300 * ms, do: tick(), calls: []req{{want: 20 / 0.25 * headroom, ttl: eUTTL, running: 30, runningFor: 4250 * ms, held: true}},
 			state: stateHeld, share: share},
 		{at: 300 * ms, do: grant(88, 88, false), state: stateHeld, share: leased(88)},
 	}})
@@ -431,20 +531,25 @@ func TestEngineEarlyRenewalOnGrowth(t *testing.T) {
 
 // TestEngineShrinkToldAtNextTick: a grant that shrinks by at least
 // ackShrink of the rate is told to Redis at the next tick, which counts the
-// old grant until then; a smaller shrink waits for the schedule.
+// old grant until then; a smaller shrink waits for the schedule. The first
+// grant of a key that asked from its default share is such a shrink when it
+// is below that share.
 func TestEngineShrinkToldAtNextTick(t *testing.T) {
 	first := func() []step {
 		return []step{
-			{at: 50 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL}}, state: stateAsking},
+			{at: 0, do: tick()},                // one decision: within the share
+			{at: 0, do: decide(overShare - 1)}, // a burst: one denied
+			{at: 50 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
 			{at: 50 * ms, do: grant(80, 80, false), state: stateHeld, share: leased(80)},
-			{at: 2550 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL, running: 80, runningFor: 2000 * ms}},
+			{at: 100 * ms, do: tick(), state: stateHeld, share: leased(80)},
+			{at: 2550 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL, running: 80, runningFor: 2000 * ms, held: true}},
 				state: stateHeld, share: leased(80)},
 		}
 	}
 	t.Run("large", func(t *testing.T) {
 		run(t, table{perTick: 1, steps: append(first(),
 			step{at: 2550 * ms, do: grant(40, 40, true), state: stateHeld, share: leased(40)},
-			step{at: 2600 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: 40, runningFor: 4450 * ms}},
+			step{at: 2600 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: 40, runningFor: 4450 * ms, held: true}},
 				state: stateHeld, share: leased(40)},
 		)})
 	})
@@ -455,35 +560,51 @@ func TestEngineShrinkToldAtNextTick(t *testing.T) {
 			step{at: 5000 * ms, do: tick(), state: stateHeld, share: leased(76)},
 		)})
 	})
+	t.Run("first grant below the default share", func(t *testing.T) {
+		run(t, table{perTick: 1, steps: []step{
+			{at: 0, do: tick()},
+			{at: 0, do: decide(overShare - 1)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
+			// Redis counts it at 25/s until 5050 ms, as the request said.
+			{at: 50 * ms, do: grant(15, 15, false), state: stateHeld, share: leased(15)},
+			{at: 100 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL, running: 15, runningFor: 4450 * ms, held: true}},
+				state: stateHeld, share: leased(15)},
+		}})
+	})
 }
 
-// failingSteps: a key at 20/s granted 25/s at 50 ms (until 4550 ms) whose
-// renewals fail from 2550 ms to 4550 ms, then are answered at 4600 ms.
+// failingSteps: a key at 20/s that a burst at t0 makes ask, granted 25/s at
+// 50 ms (until 4550 ms), whose renewals fail from 2550 ms to 4550 ms, then
+// are answered at 4600 ms.
 func failingSteps() []step {
-	w := func(time.Duration) float64 { return anyWant }
+	renewal := func(runningFor time.Duration) []req {
+		return []req{{want: anyWant, ttl: eUTTL, running: 25, runningFor: runningFor, held: true}}
+	}
 	return []step{
 		{at: 0, do: tick()},
-		{at: 50 * ms, do: tick(), calls: []req{{want: w(50 * ms), ttl: eUTTL}}, state: stateAsking},
+		{at: 0, do: decide(overShare - 1)},
+		{at: 50 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
 		{at: 50 * ms, do: grant(25, 25, false), state: stateHeld, share: leased(25)},
-		{at: 2550 * ms, do: tick(), calls: []req{{want: w(2550 * ms), ttl: eUTTL, running: 25, runningFor: 2000 * ms}}, state: stateHeld, share: leased(25)},
+		{at: 2550 * ms, do: tick(), calls: renewal(2000 * ms), state: stateHeld, share: leased(25)},
 		{at: 2550 * ms, do: fail(), state: stateHeld, share: leased(25)},
-		{at: 2600 * ms, do: tick(), calls: []req{{want: w(2600 * ms), ttl: eUTTL, running: 25, runningFor: 1950 * ms}}, state: stateHeld, share: leased(25)},
+		{at: 2600 * ms, do: tick(), calls: renewal(1950 * ms), state: stateHeld, share: leased(25)},
 		{at: 2600 * ms, do: fail(), state: stateHeld, share: leased(25)},
-		// The grant ends at 50 ms + 90% of 5 s: the key lapses, and asks
-		// running nothing.
-		{at: 4550 * ms, do: tick(), calls: []req{{want: w(4550 * ms), ttl: eUTTL}}, state: stateLapsed},
+		// The grant ends at 50 ms + 90% of 5 s: the key lapses, running the
+		// smaller of its grant and its default share, and says so for the
+		// lifetime of the lease it asks for.
+		{at: 4550 * ms, do: tick(), calls: renewal(eUTTL), state: stateLapsed},
 		{at: 4550 * ms, do: fail(), state: stateLapsed},
-		{at: 4600 * ms, do: tick(), calls: []req{{want: w(4600 * ms), ttl: eUTTL}}, state: stateLapsed},
+		{at: 4600 * ms, do: tick(), calls: renewal(eUTTL), state: stateLapsed},
 		{at: 4600 * ms, do: grant(25, 25, false), state: stateHeld, share: leased(25)},
 	}
 }
 
 // TestEngineFailedAndLostAnswers: a request that fails, or whose answer is
 // lost (the loop sees a timeout), leaves the grant in force until it ends,
-// flags the key (it follows the outage policy once its grant has ended),
-// and asks again at every tick, saying what it still runs; the grant lapses
-// at its local end, counted once as expired, and the next answer puts a
-// grant back and clears the flag.
+// flags the key (it follows the outage policy once its grant has ended,
+// and only if the limit is degraded), and asks again at every tick, saying
+// what it still runs; the grant lapses at its local end, counted once as
+// expired, and the next answer puts a grant back and clears the flag.
 func TestEngineFailedAndLostAnswers(t *testing.T) {
 	var flagged []bool
 	var expired []int
@@ -491,7 +612,7 @@ func TestEngineFailedAndLostAnswers(t *testing.T) {
 		flagged = append(flagged, r.flags["k"])
 		expired = append(expired, r.expired)
 	}})
-	wantFlagged := []bool{false, false, false, false, true, true, true, true, true, true, false}
+	wantFlagged := []bool{false, false, false, false, false, true, true, true, true, true, true, false}
 	for i := range wantFlagged {
 		if flagged[i] != wantFlagged[i] {
 			t.Errorf("after step %d the key is flagged %v; want %v (all: %v)", i, flagged[i], wantFlagged[i], flagged)
@@ -500,74 +621,125 @@ func TestEngineFailedAndLostAnswers(t *testing.T) {
 	if !r.recovered {
 		t.Error("the grant after the failures did not report the key recovered")
 	}
-	// Ticks are steps 1, 3, 5, 7 and 9; the grant ends at step 7.
-	for _, i := range []int{1, 3, 5, 7, 9} {
-		if want := b2i(i == 7); expired[i] != want {
+	// Ticks are steps 0, 2, 4, 6, 8 and 10; the grant ends at step 8.
+	for _, i := range []int{0, 2, 4, 6, 8, 10} {
+		if want := b2i(i == 8); expired[i] != want {
 			t.Errorf("tick of step %d counted %d grants expired; want %d", i, expired[i], want)
 		}
 	}
 }
 
+// TestEngineFailedFirstAsk: a key whose first request fails stays at its
+// default share, which Redis counts (it asked saying so), and asks again
+// at the next tick, still from that share.
+func TestEngineFailedFirstAsk(t *testing.T) {
+	run(t, table{steps: []step{
+		{at: 0, do: decide(overShare)},
+		{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
+		{at: 50 * ms, do: fail(), state: stateAsking},
+		{at: 100 * ms, do: tick(), calls: []req{asking(coldWant(100 * ms))}, state: stateAsking},
+		{at: 100 * ms, do: fail(), state: stateAsking},
+		{at: 150 * ms, do: tick(), calls: []req{asking(coldWant(150 * ms))}, state: stateAsking},
+		{at: 150 * ms, do: grant(40, 40, false), state: stateHeld, share: leased(40)},
+	}})
+}
+
 // TestEngineIdleRelease: a leased key without decisions for half
-// UncontendedTTL stops renewing at its next due renewal: a contended one
-// releases its share for the others, an uncontended one lets its lease run
-// out, at no command. It runs its default share again, and asks anew only
-// for decisions made after that.
+// UncontendedTTL stops renewing at its next due renewal and releases its
+// record, contended or not. It runs the smaller of its grant and its
+// default share from then on, and goes back to its default share only once
+// the release is acknowledged, and then only after the ack's In; it asks
+// anew only when that share denies a request.
 func TestEngineIdleRelease(t *testing.T) {
 	for _, contended := range []bool{true, false} {
 		t.Run(fmt.Sprintf("contended=%v", contended), func(t *testing.T) {
+			first := 25.0
+			if !contended {
+				first = 40 // above the default share
+			}
 			steps := []step{
-				{at: 0, do: decide(1)},
-				{at: 50 * ms, do: tick(), calls: []req{{want: coldWant(50 * ms), ttl: eUTTL}}, state: stateAsking},
-				{at: 50 * ms, do: grant(25, 25, contended), state: stateHeld, share: leased(25)},
+				{at: 0, do: decide(overShare)},
+				{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
+				{at: 50 * ms, do: grant(first, first, contended), state: stateHeld, share: leased(first)},
 				// A decision after the request, then none: not news once
 				// the key is idle.
-				{at: 60 * ms, do: decide(1), state: stateHeld, share: leased(25)},
+				{at: 60 * ms, do: decide(1), state: stateHeld, share: leased(first)},
 			}
-			var idle []req
 			idleAt := 5050 * ms
 			if contended {
 				// A contended share that keeps moving renews every 300 ms
 				// until the key has been idle for 2.5 s.
-				idle, idleAt = []req{release}, 2850*ms
+				idleAt = 2850 * ms
 				until, prev := 4550*ms, 25.0
 				for at := 150 * ms; at < idleAt; at += 300 * ms {
 					g := 49 - prev // 24, 25, 24, ...: never settled
 					steps = append(steps,
-						step{at: at, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: prev, runningFor: until - at}}, state: stateHeld, share: leased(prev)},
+						step{at: at, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: prev, runningFor: until - at, held: true}},
+							state: stateHeld, share: leased(prev)},
 						step{at: at, do: grant(g, g, true), state: stateHeld, share: leased(g)})
 					until, prev = at+540*ms, g
 				}
 			} else {
 				steps = append(steps,
-					step{at: 2550 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL, running: 25, runningFor: 2000 * ms}}, state: stateHeld, share: leased(25)},
-					step{at: 2550 * ms, do: grant(25, 25, false), state: stateHeld, share: leased(25)})
+					step{at: 2550 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL, running: 40, runningFor: 2000 * ms, held: true}},
+						state: stateHeld, share: leased(40)},
+					step{at: 2550 * ms, do: grant(40, 40, false), state: stateHeld, share: leased(40)})
 			}
+			// Lapsed: the smaller of the last grant (24, or 40) and the
+			// default share (25).
+			lapsed := leased(24)
+			if !contended {
+				lapsed = leased(25)
+			}
+			// Acknowledged: a record below the default share (24) may
+			// have let others take more until the ack's In, 100 ms; one at
+			// or above it (40) returns to the default share at once.
+			back := []step{{at: idleAt + eTick, do: ack(0), state: stateDefault}}
+			if contended {
+				back = []step{
+					{at: idleAt + eTick, do: ack(100 * ms), state: stateReleasing, share: lapsed},
+					{at: idleAt + 2*eTick, do: tick(), state: stateReleasing, share: lapsed},
+					{at: idleAt + 3*eTick - 1, do: tick(), state: stateReleasing, share: lapsed},
+					{at: idleAt + 3*eTick, do: tick(), state: stateDefault},
+				}
+			}
+			steps = append(steps,
+				step{at: idleAt, do: tick(), calls: []req{released}, state: stateReleasing, share: lapsed},
+				// The answer is lost: the release goes again at the next
+				// tick, and the key stays where it is.
+				step{at: idleAt, do: fail(), state: stateReleasing, share: lapsed},
+				step{at: idleAt + eTick, do: tick(), calls: []req{released}, state: stateReleasing, share: lapsed})
+			steps = append(steps, back...)
 			run(t, table{steps: append(steps,
-				step{at: idleAt, do: tick(), calls: idle, state: stateDefault},
-				step{at: idleAt + eTick, do: tick(), state: stateDefault},
 				step{at: 9000 * ms, do: tick(), state: stateDefault},
 				step{at: 9000 * ms, do: decide(1), state: stateDefault},
-				// Three decisions, the last 9 s after the first.
-				step{at: 9050 * ms, do: tick(), calls: []req{{want: 2 / 9.0 * headroom, ttl: eUTTL}}, state: stateAsking},
+				step{at: 9050 * ms, do: tick(), state: stateDefault}, // within its share
+				step{at: 9100 * ms, do: decide(overShare), state: stateDefault},
+				step{at: 9150 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
 			)})
 		})
 	}
 }
 
 // TestEngineEviction: a key the local limiter evicts is forgotten; if Redis
-// may hold a lease of it, that is released; a failing key says so, for the
-// limit's count of failing keys.
+// may hold a record of it, that is released; a failing key says so, for the
+// limit's count of failing keys. A key with a grant in force is not
+// evicted.
 func TestEngineEviction(t *testing.T) {
 	t.Run("leased", func(t *testing.T) {
-		run(t, table{steps: []step{
-			{at: 0, do: decide(1)},
-			{at: 50 * ms, do: tick(), calls: []req{{want: coldWant(50 * ms), ttl: eUTTL}}, state: stateAsking},
+		r := run(t, table{steps: []step{
+			{at: 0, do: decide(overShare)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
 			{at: 50 * ms, do: grant(25, 25, false), state: stateHeld, share: leased(25)},
-			{at: 500 * ms, do: evictIdle(time.Second), state: stateHeld, share: leased(25)},
-			{at: 1500 * ms, do: evictIdle(time.Second), calls: []req{release}, state: stateDefault},
-			{at: 1550 * ms, do: tick(), state: stateDefault},
+			{at: 1500 * ms, do: evictIdle(time.Second), state: stateHeld, share: leased(25)}, // its grant is in force
+			{at: 2550 * ms, do: tick(), calls: []req{released}, state: stateReleasing, share: leased(25)},
+			{at: 2550 * ms, do: ack(0), state: stateDefault},
+			{at: 2600 * ms, do: evictIdle(time.Second)},
+			{at: 2650 * ms, do: tick()},
 		}})
+		if len(r.eng.keys) != 0 || r.loc.Len() != 0 {
+			t.Errorf("the engine still holds %d keys, the limiter %d", len(r.eng.keys), r.loc.Len())
+		}
 	})
 	t.Run("never asked", func(t *testing.T) {
 		r := run(t, table{steps: []step{
@@ -581,10 +753,25 @@ func TestEngineEviction(t *testing.T) {
 	})
 	t.Run("failing", func(t *testing.T) {
 		r := run(t, table{steps: []step{
-			{at: 0, do: decide(1)},
-			{at: 50 * ms, do: tick(), calls: []req{{want: coldWant(50 * ms), ttl: eUTTL}}, state: stateAsking},
+			{at: 0, do: decide(overShare)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
 			{at: 50 * ms, do: fail(), state: stateAsking},
-			{at: 2050 * ms, do: evictIdle(2 * time.Second), calls: []req{release}, state: stateDefault},
+			// The answer may have been lost after Redis wrote a record.
+			{at: 2050 * ms, do: evictIdle(2 * time.Second), calls: []req{release}},
+		}})
+		if !r.failing {
+			t.Error("a failing key was evicted without saying it was failing")
+		}
+	})
+	t.Run("release failing", func(t *testing.T) {
+		r := run(t, table{steps: []step{
+			{at: 0, do: decide(overShare)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
+			{at: 50 * ms, do: grant(25, 25, false), state: stateHeld, share: leased(25)},
+			{at: 2550 * ms, do: tick(), calls: []req{released}, state: stateReleasing, share: leased(25)},
+			{at: 2550 * ms, do: fail(), state: stateReleasing, share: leased(25)},
+			{at: 4500 * ms, do: evictIdle(time.Second), state: stateReleasing, share: leased(25)}, // in force
+			{at: 4550 * ms, do: evictIdle(time.Second), calls: []req{release}},
 		}})
 		if !r.failing {
 			t.Error("a failing key was evicted without saying it was failing")
@@ -592,30 +779,337 @@ func TestEngineEviction(t *testing.T) {
 	})
 }
 
-// TestEngineInstancesChange: when N changes, a settled lease renews at the
-// next tick, on the contended schedule, and every request carries the new
-// count; a new key's want is capped by the new default share.
+// TestEngineInstancesChange: when N-hat changes, a settled lease renews at
+// the next tick, on the contended schedule, and every request carries the
+// new count; a new key's want is capped by the new default share, which it
+// says it runs.
 func TestEngineInstancesChange(t *testing.T) {
 	run(t, table{perTick: 2, steps: append(contendedSteps(),
 		step{at: 1100 * ms, do: tick(), state: stateHeld, share: leased(25)}, // settled: renews at 1650 ms
-		step{at: 1100 * ms, do: instances(2), state: stateHeld, share: leased(25)},
-		step{at: 1150 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: 25, runningFor: 980 * ms, instances: 2}},
+		step{at: 1100 * ms, do: instances(8), state: stateHeld, share: leased(25)},
+		step{at: 1150 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: 25, runningFor: 980 * ms, held: true, instances: 8}},
 			state: stateHeld, share: leased(25)},
 	)})
 
-	for _, n := range []int{4, 2} {
-		// One decision 10 ms ago says 100/s; a key is taken to want at most
+	for _, n := range []int{4, 8} {
+		// A burst 10 ms ago says 100/s; a key is taken to want at most
 		// its default share until it has more to go on.
 		r := newRig(t)
 		r.n = n
 		r.loc.SetInstances(t0, n)
-		r.loc.Allow(t0, "k")
+		def := eRate / float64(n)
+		for range eBurst/n + 1 {
+			r.loc.Allow(t0, "k")
+		}
 		calls, _ := r.eng.collect(t0.Add(10*ms), r.n, r.loc.AppendStats(nil), nil)
-		want := eRate / float64(n) * headroom
-		if len(calls) != 1 || calls[0].req.Instances != n || math.Abs(calls[0].req.Want-want) > 1e-9 {
-			t.Fatalf("a new key at N=%d asked %v; want %.4g/s", n, calls, want)
+		if len(calls) != 1 || calls[0].req.Instances != n || math.Abs(calls[0].req.Want-def*headroom) > 1e-9 ||
+			calls[0].req.Running != def || calls[0].req.Held {
+			t.Fatalf("a new key at N=%d asked %v; want %.4g/s, running %v", n, calls, def*headroom, def)
 		}
 	}
+}
+
+// ticks returns a tick at every tick instant from from to to, each
+// returning nothing and leaving "k" as s says (s.at and s.do are set here).
+func ticks(from, to time.Duration, s step) []step {
+	var steps []step
+	for at := from; at <= to; at += eTick {
+		s.at, s.do = at, tick()
+		steps = append(steps, s)
+	}
+	return steps
+}
+
+// TestEngineShareCostsNothing: a key whose demand stays within its default
+// share, bursts within its burst share included, never makes a request
+// nor asks its peers, however long it runs.
+func TestEngineShareCostsNothing(t *testing.T) {
+	steps := ticks(0, 5*time.Second, step{})
+	steps = append(steps, step{at: 5 * time.Second, do: decide(3)}) // with the load's one: 4 of the 5 tokens
+	steps = append(steps, ticks(5*time.Second+eTick, 20*time.Second, step{})...)
+	run(t, table{perTick: 1, steps: steps, after: func(r *rig, i int) {
+		if len(r.eng.asks) != 0 {
+			t.Fatalf("after step %d the engine asks its peers about %v", i, r.eng.asks)
+		}
+	}})
+}
+
+// TestEngineAsksAfterDenial: a key in the share placement asks for a lease
+// at the first tick after its share denied a request, and only then: for
+// its measured demand with headroom, as uncontended, saying it runs its
+// default share (not a grant) for the new lease's lifetime; it asks its
+// peers to yield at the same tick, and runs its default share until the
+// grant is in force.
+func TestEngineAsksAfterDenial(t *testing.T) {
+	// At 40/s the burst share of 5 runs out at 250 ms (5 + 1.25 tokens a
+	// tick, 2 taken): 12 decisions, 11 gaps over 250 ms, 44/s.
+	steps := ticks(0, 200*ms, step{})
+	steps = append(steps,
+		step{at: 250 * ms, do: tick(), calls: []req{asking(44 * headroom)}, state: stateAsking},
+		step{at: 250 * ms, do: grant(50, 50, false), state: stateHeld, share: leased(50)},
+	)
+	var asks [][]string
+	run(t, table{perTick: 2, steps: steps, after: func(r *rig, i int) {
+		asks = append(asks, slices.Clone(r.eng.asks))
+	}})
+	for i, a := range asks {
+		want := []string(nil)
+		if i >= len(asks)-2 {
+			want = []string{"k"} // the tick at 250 ms, and still after its answer
+		}
+		if !slices.Equal(a, want) {
+			t.Errorf("after step %d the engine asks its peers about %q; want %q", i, a, want)
+		}
+	}
+}
+
+// TestEngineYieldUnknownKey: asked by a peer to yield a key it has never
+// seen, an instance creates it at share zero at once, then records a yield
+// of 0 at the next tick, for yieldLife·UncontendedTTL; the answer tells it
+// when the record has certainly ended. While peers keep asking it renews
+// the record at a third of its life; once they stop (half a life without
+// an ask) it releases the record at its next renewal, and runs nothing
+// until the release is acknowledged and the ack's In has passed.
+func TestEngineYieldUnknownKey(t *testing.T) {
+	z := func(at time.Duration, do op, calls ...req) step {
+		return step{at: at, do: do, calls: calls, state: stateYielded, none: true}
+	}
+	rel := func(at time.Duration, do op, calls ...req) step {
+		return step{at: at, do: do, calls: calls, state: stateReleasing, none: true}
+	}
+	run(t, table{steps: []step{
+		z(50*ms, peerAsks()),
+		z(100*ms, tick(), yielding(0)),
+		z(100*ms, recorded()),
+		z(100*ms, recordEnds(100*ms+eLife)),
+		z(150*ms, tick()),
+		z(1000*ms, peerAsks()),
+		z(2000*ms, peerAsks()),
+		z(3000*ms, peerAsks()),
+		// Renews at 100 ms + 10 s/3.
+		z(3400*ms, tick()),
+		z(3450*ms, tick(), yielding(0)),
+		z(3450*ms, recorded()),
+		z(3450*ms, recordEnds(3450*ms+eLife)),
+		z(4000*ms, peerAsks()), // the last ask
+		z(6750*ms, tick()),
+		z(6800*ms, tick(), yielding(0)),
+		z(6800*ms, recorded()),
+		z(6800*ms, recordEnds(6800*ms+eLife)),
+		// Nobody asked for 5 s: the record goes at its next renewal,
+		// 6800 ms + 10 s/3.
+		z(9000*ms, tick()),
+		z(10100*ms, tick()),
+		rel(10150*ms, tick(), released),
+		rel(10150*ms, fail()),
+		rel(10200*ms, tick(), released),
+		rel(10200*ms, ack(100*ms)),
+		rel(10250*ms, tick()),
+		rel(10300*ms-1, tick()),
+		{at: 10300 * ms, do: tick(), state: stateDefault},
+		{at: 10350 * ms, do: tick(), state: stateDefault},
+	}})
+}
+
+// lowDemand is a key at 5/s, measured at its tick at 1 s (six decisions,
+// five gaps over a second): 5.5/s with headroom, below half its share.
+func lowDemand() []step {
+	var steps []step
+	for at := time.Duration(0); at <= time.Second; at += eTick {
+		if at%(200*ms) == 0 {
+			steps = append(steps, step{at: at, do: decide(1)})
+		}
+		steps = append(steps, step{at: at, do: tick()})
+	}
+	return steps
+}
+
+// TestEngineYieldDefaultKey: asked by a peer to yield, a key in the share
+// placement whose demand measured over a second is below half its share
+// lowers it to that demand with headroom at once, then records the yield at
+// the next tick; one that needs half its share or more, or whose demand
+// has not been measured over a second yet, keeps it and sends nothing.
+func TestEngineYieldDefaultKey(t *testing.T) {
+	kept := leased(5.5)
+	t.Run("low demand", func(t *testing.T) {
+		run(t, table{steps: append(lowDemand(),
+			step{at: time.Second, do: peerAsks(), state: stateYielded, share: kept},
+			step{at: 1050 * ms, do: tick(), calls: []req{yielding(5.5)}, state: stateYielded, share: kept},
+			step{at: 1050 * ms, do: recorded(), state: stateYielded, share: kept},
+			step{at: 1050 * ms, do: recordEnds(1050*ms + eLife), state: stateYielded, share: kept},
+		)})
+	})
+	t.Run("not measured", func(t *testing.T) {
+		run(t, table{steps: append(lowDemand()[:13], // up to the tick at 500 ms
+			step{at: 500 * ms, do: peerAsks()},
+			step{at: 550 * ms, do: tick()},
+		)})
+	})
+	t.Run("needs its share", func(t *testing.T) {
+		// 20/s: 22/s with headroom.
+		run(t, table{perTick: 1, steps: append(ticks(0, time.Second, step{}),
+			step{at: time.Second, do: peerAsks()},
+			step{at: 1050 * ms, do: tick()},
+			step{at: 2050 * ms, do: tick()},
+		)})
+	})
+}
+
+// TestEngineYieldedKeyAsks: a yielded key whose share denies a request asks
+// for a lease at the next tick, saying it runs what it kept, a grant of
+// Redis's (its yield record); it keeps running that until the grant is in
+// force. A request that fails is tried again at the next tick, as for any
+// key: the key still wants more than it kept.
+func TestEngineYieldedKeyAsks(t *testing.T) {
+	kept := leased(5.5)
+	// Nine decisions, eight gaps over 1.1 s.
+	ask := []req{{want: 8 / 1.1 * headroom, ttl: eUTTL, running: 5.5, runningFor: eUTTL}}
+	steps := func() []step {
+		return append(lowDemand(),
+			step{at: time.Second, do: peerAsks(), state: stateYielded, share: kept},
+			step{at: 1050 * ms, do: tick(), calls: []req{yielding(5.5)}, state: stateYielded, share: kept},
+			step{at: 1050 * ms, do: recorded(), state: stateYielded, share: kept},
+			step{at: 1100 * ms, do: decide(3), state: stateYielded, share: kept}, // a burst share of 1
+			step{at: 1150 * ms, do: tick(), calls: ask, state: stateYielded, share: kept},
+		)
+	}
+	t.Run("granted", func(t *testing.T) {
+		run(t, table{steps: append(steps(),
+			step{at: 1150 * ms, do: decideOne(false, 0), state: stateYielded, share: kept},
+			step{at: 1150 * ms, do: grant(40, 40, false), state: stateHeld, share: leased(40)},
+		)})
+	})
+	t.Run("failed", func(t *testing.T) {
+		// No decision since: it still wants 8/s, not to record a yield.
+		run(t, table{steps: append(steps(),
+			step{at: 1150 * ms, do: fail(), state: stateYielded, share: kept},
+			step{at: 1200 * ms, do: tick(), calls: ask, state: stateYielded, share: kept},
+			step{at: 1200 * ms, do: grant(40, 40, false), state: stateHeld, share: leased(40)},
+		)})
+	})
+}
+
+// failEachTick: a held key whose renewals fail at every tick from from to
+// to, each saying it runs running until its grant ends at end.
+func failEachTick(from, to time.Duration, running float64, ttl, end time.Duration, share local.Share) []step {
+	var steps []step
+	for at := from; at <= to; at += eTick {
+		steps = append(steps,
+			step{at: at, do: tick(), calls: []req{{want: anyWant, ttl: ttl, running: running, runningFor: end - at, held: true}},
+				state: stateHeld, share: share},
+			step{at: at, do: fail(), state: stateHeld, share: share})
+	}
+	return steps
+}
+
+// TestEngineLapse: a grant that ends before a renewal is answered lapses:
+// the key runs the smaller of it and its default share, and says so (as a
+// grant of Redis's) in every request. A grant above the default share
+// lapses to that share; one below it lapses to the grant, and stays there,
+// never back at the default share while it has no answer.
+func TestEngineLapse(t *testing.T) {
+	t.Run("above the default share", func(t *testing.T) {
+		steps := []step{
+			{at: 0, do: tick()},
+			{at: 0, do: decide(overShare - 1)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
+			{at: 50 * ms, do: grant(40, 40, false), state: stateHeld, share: leased(40)},
+		}
+		steps = append(steps, failEachTick(2550*ms, 4500*ms, 40, eUTTL, 4550*ms, leased(40))...)
+		lapsed := []req{{want: anyWant, ttl: eUTTL, running: eDef, runningFor: eUTTL, held: true}}
+		run(t, table{perTick: 1, steps: append(steps,
+			step{at: 4550 * ms, do: tick(), calls: lapsed, state: stateLapsed},
+			step{at: 4550 * ms, do: fail(), state: stateLapsed},
+			step{at: 4600 * ms, do: tick(), calls: lapsed, state: stateLapsed},
+			step{at: 4600 * ms, do: grant(40, 40, false), state: stateHeld, share: leased(40)},
+		)})
+	})
+	t.Run("below the default share", func(t *testing.T) {
+		steps := []step{
+			{at: 0, do: tick()},
+			{at: 0, do: decide(overShare - 1)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
+			// Contended, 25 - 15 given up: renews at the next tick.
+			{at: 50 * ms, do: grant(15, 15, true), state: stateHeld, share: leased(15)},
+		}
+		steps = append(steps, failEachTick(100*ms, 4500*ms, 15, eCTTL, 4550*ms, leased(15))...)
+		lapsed := []req{{want: anyWant, ttl: eCTTL, running: 15, runningFor: eCTTL, held: true}}
+		for at := 4550 * ms; at <= 6000*ms; at += eTick {
+			steps = append(steps,
+				step{at: at, do: tick(), calls: lapsed, state: stateLapsed, share: leased(15)},
+				step{at: at, do: fail(), state: stateLapsed, share: leased(15)})
+		}
+		r := run(t, table{perTick: 1, steps: steps})
+		for _, st := range r.loc.AppendStats(nil) {
+			if !st.Lapsed || st.Share != leased(15) {
+				t.Errorf("the key's local state is %+v; want lapsed at %+v", st, leased(15))
+			}
+		}
+	})
+}
+
+// exactSteps: a key that asks at 50 ms and is granted 10/s of a contended
+// rate (a burst part of 2 tokens, below exactBurstBelow): it moves to the
+// exact placement, where it decides nothing locally.
+func exactSteps() []step {
+	return []step{
+		{at: 0, do: decide(overShare)},
+		{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
+		{at: 50 * ms, do: grant(10, 10, true), state: stateExact, none: true, mark: markExact},
+		{at: 100 * ms, do: decideOne(false, markExact), state: stateExact, none: true, mark: markExact},
+	}
+}
+
+// TestEngineExact: a contended grant whose burst part is below
+// exactBurstBelow tokens marks the key exact, at share zero, with no
+// request. When its demand falls below exactLeaveBelow of its default
+// share (checked every half ContendedTTL) it leaves: unmarked at once,
+// deciding nothing locally, and its release goes out only after
+// RedisTimeout plus a tick, when every exact decision on its way has
+// ended; it returns to its default share when the release is acknowledged.
+func TestEngineExact(t *testing.T) {
+	steps := exactSteps()
+	ex := step{state: stateExact, none: true, mark: markExact}
+	// 20/s from 100 ms to 1 s.
+	for at := 150 * ms; at <= 1000*ms; at += eTick {
+		steps = append(steps, step{at: at, do: decide(1), state: stateExact, none: true, mark: markExact})
+		ex.at, ex.do = at, tick()
+		steps = append(steps, ex)
+	}
+	// Checked at 650 ms and every 300 ms: the demand measured since the
+	// first decision (25 decisions, the last at 1 s) falls below 12.5/s
+	// with headroom at 2450 ms: 25/2.45 s · 1.1 = 11.2/s.
+	steps = append(steps, ticks(1050*ms, 2400*ms, ex)...)
+	rel := step{state: stateReleasing, none: true}
+	steps = append(steps,
+		step{at: 2450 * ms, do: tick(), state: stateReleasing, none: true},
+		step{at: 2500 * ms, do: decideOne(false, 0), state: stateReleasing, none: true},
+	)
+	// Nothing until RedisTimeout plus a tick after it left.
+	steps = append(steps, ticks(2500*ms, 2600*ms, rel)...)
+	run(t, table{steps: append(steps,
+		step{at: 2650 * ms, do: tick(), calls: []req{released}, state: stateReleasing, none: true},
+		step{at: 2650 * ms, do: fail(), state: stateReleasing, none: true},
+		step{at: 2700 * ms, do: tick(), calls: []req{released}, state: stateReleasing, none: true},
+		step{at: 2700 * ms, do: ack(0), state: stateDefault},
+		step{at: 2750 * ms, do: tick(), state: stateDefault},
+	)})
+}
+
+// TestEngineExactDegraded: an exact key goes back to its default share,
+// unmarked, at the first tick of a degraded limit, for its outage policy;
+// when the limit recovers it stays there until its share denies a request.
+func TestEngineExactDegraded(t *testing.T) {
+	run(t, table{steps: append(exactSteps(),
+		step{at: 100 * ms, do: degrade(true), state: stateExact, none: true, mark: markExact},
+		step{at: 100 * ms, do: tick(), state: stateDefault},
+		step{at: 300 * ms, do: decideOne(true, 0), state: stateDefault},
+		step{at: 300 * ms, do: tick(), state: stateDefault},
+		step{at: 350 * ms, do: degrade(false), state: stateDefault},
+		step{at: 350 * ms, do: tick(), state: stateDefault},
+		step{at: 400 * ms, do: decide(overShare), state: stateDefault},
+		step{at: 450 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
+	)})
 }
 
 // TestEngineDegradeAndRecovery: Redis is taken to be gone once no batch has
@@ -650,6 +1144,6 @@ func TestEngineDegradeAndRecovery(t *testing.T) {
 }
 
 func (c call) String() string {
-	return fmt.Sprintf("{%s want %.4g ttl %v running %v for %v release %v}",
-		c.req.Key, c.req.Want, c.req.TTL, c.req.Running, c.req.RunningFor, c.lease == nil)
+	return fmt.Sprintf("{%s kind %d want %.4g ttl %v running %v for %v held %v yield %v n %d nothing waits %v}",
+		c.req.Key, c.kind, c.req.Want, c.req.TTL, c.req.Running, c.req.RunningFor, c.req.Held, c.req.Yield, c.req.Instances, c.lease == nil)
 }

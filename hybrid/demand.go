@@ -43,6 +43,26 @@ func (w *demandWindow) record(t time.Time, attempted int64) {
 	w.next = (w.next + 1) % demandSamples
 }
 
+// falling returns the demand since the latest sample instead of r, the
+// demand measured over the window, when it fell far below r: at r the
+// latest interval should hold at least demandTokens tokens, and it holds
+// under a quarter of what r predicts. A pulse that ended stops holding
+// its share at the next renewal, while a sparse key's want is not thrown
+// about by the gaps between its requests.
+func (w *demandWindow) falling(now time.Time, st *local.KeyStats, r float64) float64 {
+	last := w.samples[(w.next-1+demandSamples)%demandSamples]
+	if last.at.IsZero() || !now.After(last.at) {
+		return r
+	}
+	elapsed := now.Sub(last.at).Seconds()
+	expected := r * elapsed
+	got := float64(st.Attempted - last.attempted)
+	if expected < demandTokens || got >= expected/4 {
+		return r
+	}
+	return got / elapsed
+}
+
 // restart forgets the window and starts it anew at t, with the key's
 // Attempted counter then.
 func (w *demandWindow) restart(t time.Time, attempted int64) {
@@ -76,7 +96,8 @@ func (w *demandWindow) rate(now time.Time, st *local.KeyStats, def float64) floa
 		return 0
 	}
 	if !from.cold {
-		return float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
+		r := float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
+		return w.falling(now, st, r)
 	}
 	// The window opens with the key's first request: count the gaps
 	// between requests, not the requests, or a new key with a request every

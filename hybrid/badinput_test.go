@@ -102,13 +102,21 @@ func TestRedisErrorsAreDecisions(t *testing.T) {
 		if d, err := l.Allow(ctx, "g", "good"); err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal {
 			t.Errorf("Global at a good key after a WRONGTYPE: %+v, %v", d, err)
 		}
-		eventually(t, 5*time.Second, "the Hybrid key at a WRONGTYPE value fails closed, the good one leases", func() bool {
-			bad, err1 := l.Allow(ctx, "h", "bad")
-			good, err2 := l.Allow(ctx, "h", "good")
-			return err1 == nil && err2 == nil && bad.Source == hybrid.SourceFailClosed && good.Source == hybrid.SourceLease
+		// Version 2: a Hybrid key asks Redis only once its default share
+		// denied a request, so both keys go past it. The bad key's requests
+		// fail while Redis answers: it stays on its local share, which Redis
+		// counts, and only a degraded limit would follow FailClosed.
+		eventually(t, 5*time.Second, "the Hybrid key at a WRONGTYPE value fails and stays local, the good one leases", func() bool {
+			bad := pastShare(t, l, "h", "bad", 10)
+			good := pastShare(t, l, "h", "good", 10)
+			st, _ := l.Status("h")
+			return st.FailingKeys == 1 && bad.Source == hybrid.SourceLocal && good.Source == hybrid.SourceLease
 		})
 		if st, _ := l.Status("h"); st.Degraded || st.FailingKeys != 1 {
 			t.Errorf("status %+v: want the limit normal with one failing key", st)
+		}
+		if d := pastShare(t, l, "h", "bad", 10); d.Source != hybrid.SourceLocal {
+			t.Errorf("the failing Hybrid key: %+v; want its local share, not the outage policy", d)
 		}
 		if v, err := rdb.Get(ctx, store.LeaseKey("h", "bad")).Result(); err != nil || v != "not ours" {
 			t.Errorf("the value at our key was changed: %q, %v", v, err)
@@ -136,10 +144,18 @@ func TestRedisErrorsAreDecisions(t *testing.T) {
 		if d, err := l.Allow(ctx, "g", "k"); err != nil || d.Source != hybrid.SourceFailOpen || !d.Allowed {
 			t.Errorf("Global without scripting: %+v, %v; want FailOpen", d, err)
 		}
-		eventually(t, 5*time.Second, "the Hybrid key fails open", func() bool {
-			d, err := l.Allow(ctx, "h", "k")
-			return err == nil && d.Source == hybrid.SourceFailOpen
+		// Version 2: the Hybrid key asks for a lease once past its default
+		// share; its requests fail while Redis answers PING, so it stays on
+		// that share (which Redis counts): only a degraded limit follows
+		// FailOpen, and the limit does not degrade.
+		eventually(t, 5*time.Second, "the Hybrid key's requests fail and it stays on its share", func() bool {
+			d := pastShare(t, l, "h", "k", 10)
+			st, _ := l.Status("h")
+			return st.FailingKeys == 1 && d.Source == hybrid.SourceLocal
 		})
+		if st, _ := l.Status("h"); st.Degraded {
+			t.Errorf("status %+v: want the limit normal: Redis answers", st)
+		}
 	})
 }
 
@@ -204,10 +220,13 @@ func TestACLUser(t *testing.T) {
 	if d, err := l.Allow(ctx, "g", "k"); err != nil || d.Source != hybrid.SourceGlobal || !d.Allowed {
 		t.Errorf("Global as a restricted ACL user: %+v, %v", d, err)
 	}
+	// A key asks for a lease once its default share denied a request.
 	eventually(t, 5*time.Second, "a lease as a restricted ACL user", func() bool {
-		d, err := l.Allow(ctx, "h", "k")
-		return err == nil && d.Source == hybrid.SourceLease
+		return pastShare(t, l, "h", "k", 10).Source == hybrid.SourceLease
 	})
+	if st, _ := l.Status("h"); st.FailingKeys != 0 || st.Degraded {
+		t.Errorf("status %+v: want no failing key", st)
+	}
 }
 
 // TestPrefixKeepsApplicationsApart: two applications with the same limit
@@ -269,8 +288,12 @@ func TestLogsNeverCarryAKey(t *testing.T) {
 		}
 	}
 	allow("h", secret)
-	allow("h", odd)
-	eventually(t, 5*time.Second, "the failing key is logged", func() bool { return strings.Contains(logs.Tail(1<<20), "failing") })
+	// The odd key asks for a lease (and fails) once its default share
+	// denied a request.
+	eventually(t, 5*time.Second, "the failing key is logged", func() bool {
+		pastShare(t, l, "h", odd, 10)
+		return strings.Contains(logs.Tail(1<<20), "failing")
+	})
 	members.Set(3)
 	srv.Kill(t)
 	allow("g", odd)

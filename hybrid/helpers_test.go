@@ -268,3 +268,19 @@ func logPerSecond(t *testing.T, o outcome) {
 	}
 	t.Logf("per second admitted %v arrivals %v", adm, arr)
 }
+
+// pastShare makes burst+1 decisions of key at once and returns the last
+// one. No share of a limit's burst holds more than burst tokens, so the
+// key's share denies at least one of them: a key in the share placement
+// asks for a lease only after that (KeyStats.Denied grew).
+func pastShare(t *testing.T, l *hybrid.Limiter, limit, key string, burst int) hybrid.Decision {
+	t.Helper()
+	var d hybrid.Decision
+	for range burst + 1 {
+		var err error
+		if d, err = l.Allow(context.Background(), limit, key); err != nil {
+			t.Fatalf("Allow(%q): %v", limit, err)
+		}
+	}
+	return d
+}

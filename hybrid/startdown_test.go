@@ -130,9 +130,9 @@ func TestOutageLogNamesTheCause(t *testing.T) {
 		var logs records
 		l := newLimiter(t, hybrid.Config{Redis: rdb, Logger: slog.New(&logs), Limits: limits, UncontendedTTL: time.Second})
 		ctx := context.Background()
+		// The key asks for a lease once past its default share.
 		eventually(t, 5*time.Second, "a lease", func() bool {
-			d, err := l.Allow(ctx, "h", "k")
-			return err == nil && d.Source == hybrid.SourceLease
+			return pastShare(t, l, "h", "k", 10).Source == hybrid.SourceLease
 		})
 		srv.Kill(t)
 		eventually(t, 5*time.Second, "the degrade logged", func() bool {

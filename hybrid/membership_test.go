@@ -167,17 +167,17 @@ func (in *soloLimiter) setCount(t *testing.T, n int) {
 	}
 }
 
-// degrade kills Redis and decides on fresh keys (each one due for a lease
-// at the next tick) until the failed renewal degrades the limit.
+// degrade kills Redis and drives fresh keys past their default share (each
+// one then due for a lease at the next tick) until the failed requests
+// degrade the limit.
 func (in *soloLimiter) degrade(t *testing.T) {
 	t.Helper()
 	in.srv.Kill(t)
+	burst := in.status(t).Limit.Burst
 	i := 0
 	eventually(t, 5*time.Second, "the limit degraded", func() bool {
 		i++
-		if _, err := in.l.Allow(context.Background(), in.limit, fmt.Sprintf("probe-%d", i)); err != nil {
-			t.Fatal(err)
-		}
+		pastShare(t, in.l, in.limit, fmt.Sprintf("probe-%d", i), burst)
 		return in.status(t).Degraded
 	})
 }
@@ -216,10 +216,9 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 			default:
 			}
 		}))
+		// A key asks for a lease once past its default share.
 		eventually(t, 5*time.Second, "a first lease", func() bool {
-			if _, err := in.l.Allow(context.Background(), limit, "warm"); err != nil {
-				t.Fatal(err)
-			}
+			pastShare(t, in.l, limit, "warm", limitBurst)
 			st := in.status(t)
 			return st.LeasedRate > 0 && !st.Degraded
 		})
@@ -251,8 +250,10 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 	t.Run("count drops just before the outage", func(t *testing.T) {
 		in := start(t, 0)
 		in.setCount(t, 1)
-		if got := in.status(t).LocalShare; got != whole {
-			t.Fatalf("normal, N = 1: LocalShare %s, want rate/1", quarterOrWhole(got))
+		// Version 2 splits the default shares by the largest recent count
+		// always, not only while degraded.
+		if got := in.status(t).LocalShare; got != quarter {
+			t.Fatalf("normal, N 4 -> 1 within PeakWindow: LocalShare %s, want rate/4", quarterOrWhole(got))
 		}
 		in.degrade(t)
 		eventually(t, 5*time.Second, "the degraded share rate/4", func() bool { return in.status(t).LocalShare == quarter })

@@ -344,11 +344,10 @@ func TestSetLimitsRemoveReleasesLeases(t *testing.T) {
 		Limits: []hybrid.Limit{gone, stay}})
 	ks := keys(10)
 	ctx := context.Background()
+	// A key asks for a lease once past its default share.
 	eventually(t, 5*time.Second, "a lease on every key", func() bool {
 		for _, k := range ks {
-			if _, err := l.Allow(ctx, "gone", k); err != nil {
-				t.Fatal(err)
-			}
+			pastShare(t, l, "gone", k, gone.Burst)
 		}
 		return countTrue(leaseHolders(t, rdb, "gone", "me", ks)) == len(ks)
 	})
@@ -386,8 +385,7 @@ func TestSetLimitsRemoveReleasesLeases(t *testing.T) {
 		t.Errorf("re-added limit: %+v; want no keys and no commands yet", st)
 	}
 	eventually(t, 5*time.Second, "a lease again", func() bool {
-		d, err := l.Allow(ctx, "gone", ks[0])
-		return err == nil && d.Source == hybrid.SourceLease
+		return pastShare(t, l, "gone", ks[0], gone.Burst).Source == hybrid.SourceLease
 	})
 	if n := counterSum(t, reg, "hybridlimit_leases_granted_total"); n < 1 {
 		t.Errorf("leases granted to the re-added limit: %v, want some", n)
@@ -418,8 +416,24 @@ func TestSetLimitsModeChanges(t *testing.T) {
 	}
 	toLeases := func() {
 		t.Helper()
+		// A key asks for a lease once past its default share; then its
+		// bucket refills, for decide.
 		eventually(t, 5*time.Second, "leases on every key", func() bool {
-			return decide().Source == hybrid.SourceLease && leased() == len(ks)
+			src := hybrid.SourceLease
+			for _, k := range ks {
+				if d := pastShare(t, l, "api", k, lim.Burst); d.Source != hybrid.SourceLease {
+					src = d.Source
+				}
+			}
+			return src == hybrid.SourceLease && leased() == len(ks)
+		})
+		eventually(t, time.Second, "the keys' buckets refilled", func() bool {
+			for _, k := range ks {
+				if d, err := l.AllowN(ctx, "api", k, lim.Burst/2); err != nil || !d.Allowed {
+					return false
+				}
+			}
+			return true
 		})
 	}
 	set := func(m hybrid.Mode) {

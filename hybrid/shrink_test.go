@@ -1,6 +1,7 @@
 package hybrid_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -42,18 +43,22 @@ func TestShrinkIsToldAtOnce(t *testing.T) {
 	leased := func(l *hybrid.Limiter) float64 { return mustStatus(t, l, "api").LeasedRate }
 	bRounds := func() uint64 { return histogramCount(t, regs[1], "hybridlimit_renewal_duration_seconds") }
 
-	done := make(chan struct{}, 2)
-	defer func() { <-done; <-done }()
+	// The loads end on their own (their durations are fixed); a failing
+	// eventually waits here only for the loads that were started.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	start := time.Now()
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		drive(t, []*hybrid.Limiter{a}, load{limit: "api", keys: []string{"k"}, perInst: []float64{0.8 * rate}, duration: total})
-		done <- struct{}{}
 	}()
 	eventually(t, 5*time.Second, "a leases most of the rate", func() bool { return leased(a) > 0.9*rate })
 	time.Sleep(time.Until(start.Add(bFrom))) // schedules b's load; waits for nothing
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		drive(t, []*hybrid.Limiter{b}, load{limit: "api", keys: []string{"k"}, perInst: []float64{1.5 * rate}, duration: total - bFrom})
-		done <- struct{}{}
 	}()
 
 	// a shrinks to its fair half at its next renewal (its lease's half-life).

@@ -74,8 +74,10 @@ func shareOf(r float64, b int) local.Share { return local.Share{Limit: rate.Limi
 
 // TestMembershipResplitsDefaultShares: three instances, each with a real
 // memberlist node, split the default share three ways; when one closes (and
-// so leaves the cluster) the other two re-split it two ways at once, and a
-// Local key's admissions follow the new share.
+// so leaves the cluster) the other two re-split it two ways once the count
+// of three has left PeakWindow (version 2 splits default shares by the
+// largest count within PeakWindow, always; the test sets a short one), and
+// a Local key's admissions follow the new share.
 func TestMembershipResplitsDefaultShares(t *testing.T) {
 	srv := redistest.Start(t)
 	limits := []hybrid.Limit{
@@ -89,7 +91,7 @@ func TestMembershipResplitsDefaultShares(t *testing.T) {
 	}
 	inst := make([]*hybrid.Limiter, len(nodes))
 	for i, m := range nodes {
-		inst[i] = newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Members: m, Limits: limits})
+		inst[i] = newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Members: m, Limits: limits, PeakWindow: 500 * time.Millisecond})
 	}
 
 	// sharesAre reports whether every Limiter in ls counts n instances and

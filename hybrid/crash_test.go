@@ -17,7 +17,10 @@ import (
 // releases its leases. Once the others' failure detector gives it up they
 // count 2 and re-split the default shares two ways; once its lease runs out
 // in Redis they lease its share between them, and their grants still never
-// sum above the rate.
+// sum above the rate. Version 2 counts an instance without a record at its
+// default share rate/N-hat, N-hat being the largest count within
+// PeakWindow: the survivors take the victim's share once the count of 3
+// has left that window (short here).
 func TestInstanceCrash(t *testing.T) {
 	const rate, burst = 300.0, 30
 	limits := []hybrid.Limit{
@@ -46,6 +49,7 @@ func TestInstanceCrash(t *testing.T) {
 			Limits:  limits,
 			// Short leases, so that the victim's runs out soon after the crash.
 			UncontendedTTL: time.Second,
+			PeakWindow:     time.Second,
 		})
 	}
 	survivors, victim := inst[:2], inst[2]

@@ -234,6 +234,8 @@ func TestFlushMidRun(t *testing.T) {
 					srv.ScriptFlush(t)
 				}
 			}})
+			logPerSecond(t, o)
+			t.Logf("per instance %v", o.perInst)
 			if o.errs != 0 || o.slow != 0 {
 				t.Fatalf("%d errors, %d slow decisions", o.errs, o.slow)
 			}

@@ -125,12 +125,11 @@ func TestPartitionFailLocalUsesLargestRecentN(t *testing.T) {
 			UncontendedTTL: time.Second,
 		})
 	}
-	ctx := context.Background()
+	// allow drives key past its default share: only then does it ask Redis
+	// (version 2), for a lease before the outage, and in vain during it.
 	allow := func(l *hybrid.Limiter, key string) {
 		t.Helper()
-		if _, err := l.Allow(ctx, limit, key); err != nil {
-			t.Fatal(err)
-		}
+		pastShare(t, l, limit, key, limitBurst)
 	}
 	// key-0000 and key-0001 hold leases before the outage; key-0002 and
 	// key-0003 are first seen during it.

@@ -10,7 +10,7 @@ import (
 
 // TestInvariantsBoundAndUtilisation is invariants 1 and 2 of DESIGN.md: four
 // instances on one Redis, open-loop demand of twice the limit for 10 s,
-// balanced and skewed (90% on one instance), one key and 1000 keys. Per key,
+// balanced and skewed (90% on one instance), one key and 50 keys. Per key,
 // the cluster admits at most rate*w+burst over any window w (plus the
 // cold-start allowance), and in all at least 95% of what one exact token
 // bucket admits on the same arrivals.
@@ -29,8 +29,16 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 	}{
 		{"balanced/keys=1", 1, 10000, 1000, false},
 		{"skewed/keys=1", 1, 10000, 1000, true},
-		{"balanced/keys=1000", 1000, 20, 10, false},
-		{"skewed/keys=1000", 1000, 20, 10, true},
+		// Version 2 decides these keys (a burst share of 2.5 tokens) in
+		// the exact placement where their requests are sprayed over the
+		// instances: about one Redis script per decision (a denial is
+		// cached only until the next token, 50 ms, and each instance sees
+		// a key every 100 ms). 50 keys (2000 arrivals/s) is what two cores
+		// under -race drive on schedule; with 1000 (40 000/s), and even
+		// 200, the load generator fell seconds behind, and the ratios
+		// measured nothing (see the check below).
+		{"balanced/keys=50", 50, 20, 10, false},
+		{"skewed/keys=50", 50, 20, 10, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -53,6 +61,12 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 			t.Logf("Redis commands %d for %d decisions: %.2f per 1000 decisions", cmds, o.decided, 1000*float64(cmds)/float64(o.decided))
 			if o.errs != 0 {
 				t.Fatalf("%d decisions returned errors", o.errs)
+			}
+			// The ratios below compare with an exact bucket on the
+			// scheduled arrivals: they mean something only if the load
+			// generator kept to its schedule.
+			if want := demand * (warmup + 10*time.Second).Seconds(); float64(total(o.arrivals)) < 0.98*want || o.elapsed > warmup+11*time.Second {
+				t.Fatalf("the load generator fell behind: %d of %.0f arrivals in %v; the machine is too busy for this test", total(o.arrivals), want, o.elapsed)
 			}
 
 			// Invariant 1, per key: a cold start on each instance may add one

@@ -58,7 +58,11 @@ func TestShrinkIsToldAtOnce(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		drive(t, []*hybrid.Limiter{b}, load{limit: "api", keys: []string{"k"}, perInst: []float64{1.5 * rate}, duration: total - bFrom})
+		// Twice the rate, well above exactDemandUpTo (3) times b's fair
+		// half with headroom: b's first, starved grant keeps b on a lease
+		// rather than the exact placement (at 1.5 times the rate the two
+		// were within measurement noise), and LeasedRate shows its share.
+		drive(t, []*hybrid.Limiter{b}, load{limit: "api", keys: []string{"k"}, perInst: []float64{2 * rate}, duration: total - bFrom})
 	}()
 
 	// a shrinks to its fair half at its next renewal (its lease's half-life).

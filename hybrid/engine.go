@@ -322,7 +322,7 @@ func (e *engine) share(r float64) local.Share {
 func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []call) ([]call, tickStats) {
 	var ts tickStats
 	def := e.rate / float64(n)
-	e.asks = e.asks[:0]
+	e.asks = shrink.Slice(e.asks)
 	if e.exactBursts && !e.degraded {
 		e.shares.SetNewMark(markExact)
 	} else {
@@ -375,8 +375,9 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 			return calls
 		}
 		// The share placement costs nothing while the key's demand fits
-		// its share: it asks only once that share turned requests away.
-		if !denied {
+		// its share: it asks only once that share turned requests away
+		// (and not while Redis is down: no grant could follow).
+		if !denied || e.degraded {
 			if now.Sub(le.demand.lastAt()) >= time.Second {
 				le.demandNow = le.demand.rate(now, st, def)
 				le.demand.record(now, st.Attempted)
@@ -417,7 +418,7 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		return e.stepExact(now, n, def, st, le, calls)
 	}
 	// Asking, held or lapsed.
-	if le.state == stateHeld && le.peersCouldYield() && le.lastWant > def && le.granted < le.lastWant*askPeersAfterGap &&
+	if !e.degraded && le.state == stateHeld && le.peersCouldYield() && le.lastWant > def && le.granted < le.lastWant*askPeersAfterGap &&
 		now.Sub(le.askedPeers) >= askEvery {
 		// Starved while it wants more than its share: keep asking the
 		// peers (no Redis), so that their yields stand while it needs
@@ -691,7 +692,11 @@ func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
 	share := e.share(res.Granted)
 	// The fair share's part of the burst says whether the split is too
 	// fine, not the grant: a grant starved until others shrink is not.
-	if res.Contended && e.share(res.Fair).Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
+	// Only an instance that wants more than its default share moves: one
+	// that wants less is served by its lease, and would hand its share to
+	// the pool for nothing.
+	def := e.rate / float64(c.req.Instances)
+	if res.Contended && c.req.Want > def && e.share(res.Fair).Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
 		// Lower first (the key stops running its grant), then the first
 		// exact decision tells Redis, which drops the lease record then.
 		e.toExact(at, c.req.Key, le)
@@ -725,6 +730,10 @@ func (e *engine) renewIn(ttl time.Duration, res *global.Lease, first, settled bo
 // whose demand is well below its share to that demand, first here and then
 // in Redis at the next tick; a key that needs its share keeps it.
 func (e *engine) yieldAsked(now time.Time, key string, n int) {
+	if e.degraded {
+		// Nothing could be recorded, and no grant could follow.
+		return
+	}
 	def := e.rate / float64(n)
 	life := e.t.uncontendedTTL * yieldLife
 	le := e.keys[key]

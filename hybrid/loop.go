@@ -155,10 +155,11 @@ func (l *Limiter) yield(now time.Time, n int, set *limitSet, b *batch) {
 	b.asks = l.in.take(b.asks)
 	for _, a := range b.asks {
 		if ls := set.byName[a.limit]; ls != nil && ls.eng != nil {
+			ls.eng.degraded = ls.degraded.Load()
 			ls.eng.yieldAsked(now, a.key, n)
 		}
 	}
-	clear(b.asks)
+	b.asks = shrink.Slice(b.asks)
 }
 
 // reconcile puts the limits as configured now in force in the loop's own

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"sync"
 
+	"github.com/hybridlimit/hybridlimit/internal/shrink"
 	"github.com/hybridlimit/hybridlimit/membership"
 )
 
@@ -61,8 +62,7 @@ func (in *inbox) take(dst []ask) []ask {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	dst = append(dst[:0], in.asks...)
-	clear(in.asks)
-	in.asks = in.asks[:0]
+	in.asks = shrink.Slice(in.asks)
 	return dst
 }
 

@@ -95,6 +95,9 @@ func TestLeaseScriptGolden(t *testing.T) {
 		// The last lease released: the key goes.
 		{27000, false, "a 0 1 0 0 0 0", "0 0 0 0 1027000000 0", "", -2},
 	}
+	// How many instances each step counted without a record: n minus the
+	// asker minus the others with a live record.
+	unrecorded := []int{1, 0, 0, 0, 0, 1, 2, 4, 3, 0, 0}
 	for i, s := range steps {
 		if s.flush {
 			if err := rdb.Del(ctx, key).Err(); err != nil {
@@ -108,8 +111,20 @@ func TestLeaseScriptGolden(t *testing.T) {
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", i, s.args, err)
 		}
-		if got := strings.Join(v, " "); got != s.want {
+		// The reply ends with the expiry as a span from now and the count
+		// of unrecorded instances, which unrec lists step by step.
+		if len(v) != 8 {
+			t.Fatalf("step %d (%s): reply %q has %d fields, want 8", i, s.args, v, len(v))
+		}
+		if got := strings.Join(v[:6], " "); got != s.want {
 			t.Errorf("step %d (%s): reply %q, want %q", i, s.args, got, s.want)
+		}
+		expiry, _ := strconv.ParseInt(v[4], 10, 64)
+		if in := strconv.FormatInt(expiry-now, 10); v[6] != in {
+			t.Errorf("step %d (%s): in %s, want %s (expiry - now)", i, s.args, v[6], in)
+		}
+		if unrec := strconv.Itoa(unrecorded[i]); v[7] != unrec {
+			t.Errorf("step %d (%s): unrecorded %s, want %s", i, s.args, v[7], unrec)
 		}
 		h, err := rdb.HGetAll(ctx, key).Result()
 		if err != nil {

@@ -208,7 +208,7 @@ func TestACLUser(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	if err := srv.Client(t).Do(ctx, "ACL", "SETUSER", "limiter", "on", ">pw", "~hybridlimit:*", "+@connection", "+eval", "+evalsha",
-		"+time", "+hgetall", "+hmget", "+hset", "+hdel", "+pexpire", "+del").Err(); err != nil {
+		"+time", "+hgetall", "+hmget", "+hset", "+hdel", "+pexpire", "+pttl", "+del").Err(); err != nil {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: "pw"})
@@ -216,9 +216,16 @@ func TestACLUser(t *testing.T) {
 	l := newLimiter(t, hybrid.Config{Redis: rdb, Limits: []hybrid.Limit{
 		{Name: "g", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
 		{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
+		{Name: "x", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed, ExactBursts: true},
 	}})
 	if d, err := l.Allow(ctx, "g", "k"); err != nil || d.Source != hybrid.SourceGlobal || !d.Allowed {
 		t.Errorf("Global as a restricted ACL user: %+v, %v", d, err)
+	}
+	// Exact bursts: the first decisions are exact ones, against the pool.
+	for range 10 {
+		if d, err := l.Allow(ctx, "x", "k"); err != nil || d.Source != hybrid.SourceGlobal || !d.Allowed {
+			t.Fatalf("an exact decision as a restricted ACL user: %+v, %v", d, err)
+		}
 	}
 	// A key asks for a lease once its default share denied a request.
 	eventually(t, 5*time.Second, "a lease as a restricted ACL user", func() bool {

@@ -144,7 +144,12 @@ type Config struct {
 	// member must use the same key. Nil means no encryption.
 	SecretKey []byte
 
-	// MaxInstances caps Count. Zero means no cap.
+	// MaxInstances is the most members this cluster is expected to have.
+	// It does not cap Count: a count below the real number of members
+	// would inflate every instance's default share. When the members this
+	// node sees exceed it, the node logs a warning once per crossing (two
+	// clusters that share seeds or a gossip key may have merged) and Count
+	// reports the real number. Zero means no expectation, and no warning.
 	MaxInstances int
 
 	// Profile selects memberlist's timing parameters. The zero value is LAN.
@@ -176,8 +181,8 @@ func DefaultConfig() Config {
 }
 
 // Memberlist is a Counter backed by a memberlist gossip cluster. Its count
-// is the number of members this node believes alive, self included, capped
-// at Config.MaxInstances. It is safe for concurrent use. Create it with Join
+// is the number of members this node believes alive, self included (see
+// Config.MaxInstances for the warning above an expected maximum). It is safe for concurrent use. Create it with Join
 // and release it with Close.
 type Memberlist struct {
 	name         string
@@ -188,6 +193,7 @@ type Memberlist struct {
 	ml           *memberlist.Memberlist
 	nt           *notifier
 	count        atomic.Int64
+	over         bool        // the count exceeds maxInstances; owned by the notifier goroutine (and Join before it starts)
 	in           *inbox      // messages received, for Receive
 	closed       atomic.Bool // set when Close starts; Broadcast and Send refuse
 
@@ -390,9 +396,12 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 // where memberlist holds the lock NumMembers takes.
 func (m *Memberlist) refresh() int {
 	n := max(m.ml.NumMembers(), 1)
-	if m.maxInstances > 0 {
-		n = min(n, m.maxInstances)
+	over := m.maxInstances > 0 && n > m.maxInstances
+	if over && !m.over {
+		m.logger.Warn("membership: more members than MaxInstances: check that two clusters have not merged",
+			"name", m.name, "members", n, "max_instances", m.maxInstances)
 	}
+	m.over = over
 	if old := m.count.Swap(int64(n)); old != int64(n) {
 		m.logger.Debug("membership: count changed", "name", m.name, "from", old, "to", n)
 	}
@@ -402,8 +411,8 @@ func (m *Memberlist) refresh() int {
 // Name returns this node's name in the cluster.
 func (m *Memberlist) Name() string { return m.name }
 
-// Count returns the number of live members, self included, at least 1 and
-// at most Config.MaxInstances when that is set. It is a single atomic load.
+// Count returns the number of live members, self included, at least 1,
+// also when that exceeds Config.MaxInstances. It is a single atomic load.
 // After Close it keeps returning the last count.
 func (m *Memberlist) Count() int { return int(m.count.Load()) }
 
@@ -416,7 +425,7 @@ func (m *Memberlist) Watch(fn func(n int)) (stop func()) { return m.nt.watch(fn)
 func (m *Memberlist) Addr() string { return m.addr }
 
 // Members returns the names of the members this node believes alive, self
-// included, sorted. Unlike Count it is not capped by MaxInstances.
+// included, sorted.
 func (m *Memberlist) Members() []string {
 	nodes := m.ml.Members()
 	names := make([]string, len(nodes))

@@ -2,6 +2,7 @@ package membership
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -204,20 +205,54 @@ func TestJoinShutsDownTransport(t *testing.T) {
 	}
 }
 
-func TestMemberlistMaxInstances(t *testing.T) {
+// TestMemberlistMaxInstancesWarns: MaxInstances does not cap Count, which
+// would inflate every default share; a node that sees more members than
+// MaxInstances reports them all and logs one warning per crossing: once when
+// a third node joins two with MaxInstances 2, none when it leaves, once
+// more when a fourth joins.
+func TestMemberlistMaxInstancesWarns(t *testing.T) {
 	t.Cleanup(func() { verifyNoLeaks(t) })
+	warns := &warnCounter{}
 	capAt2 := func(c *Config) { c.MaxInstances = 2 }
-	n1 := startNode(t, "n1", capAt2)
-	n2 := startNode(t, "n2", capAt2, n1.Addr())
-	n3 := startNode(t, "n3", capAt2, n1.Addr())
-	eventually(t, 5*time.Second, "every node sees 3 members", func() bool {
-		return len(n1.Members()) == 3 && len(n2.Members()) == 3 && len(n3.Members()) == 3
-	})
-	for _, m := range []*Memberlist{n1, n2, n3} {
-		if got := m.Count(); got != 2 {
-			t.Errorf("%s: Count() = %d with 3 members and MaxInstances 2, want 2", m.Name(), got)
-		}
+	logTo := func(c *Config) {
+		c.MaxInstances = 2
+		c.Logger = slog.New(warns)
 	}
+	n1 := startNode(t, "n1", logTo)
+	n2 := startNode(t, "n2", capAt2, n1.Addr())
+	waitCount(t, 5*time.Second, 2, n1, n2)
+	if got := warns.count(); got != 0 {
+		t.Fatalf("%d warnings with 2 members and MaxInstances 2, want none", got)
+	}
+	n3 := startNode(t, "n3", capAt2, n1.Addr())
+	waitCount(t, 5*time.Second, 3, n1, n2, n3)
+	if got := warns.count(); got != 1 {
+		t.Errorf("%d warnings once 3 members joined with MaxInstances 2, want 1", got)
+	}
+	if err := n3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, 5*time.Second, 2, n1, n2)
+	n4 := startNode(t, "n4", capAt2, n1.Addr())
+	waitCount(t, 5*time.Second, 3, n1, n2, n4)
+	if got := warns.count(); got != 2 {
+		t.Errorf("%d warnings after the count crossed MaxInstances twice, want 2", got)
+	}
+}
+
+// warnCounter is a slog.Handler that counts the warnings about
+// MaxInstances.
+type warnCounter struct{ n atomic.Int64 }
+
+func (w *warnCounter) count() int64                                 { return w.n.Load() }
+func (w *warnCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnCounter) WithAttrs([]slog.Attr) slog.Handler           { return w }
+func (w *warnCounter) WithGroup(string) slog.Handler                { return w }
+func (w *warnCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level == slog.LevelWarn && strings.Contains(r.Message, "more members than MaxInstances") {
+		w.n.Add(1)
+	}
+	return nil
 }
 
 // TestMemberlistEncryption: a node whose gossip key does not match the

@@ -1,0 +1,380 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	_ "github.com/hybridlimit/hybridlimit/internal/faultproxy"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
+)
+
+// The gaps of invariant 1 that version 1 of the placement left open while
+// Redis is up (issue 11), one real-Redis test each: several real Limiters
+// in one process, the admissions of one key counted over sliding windows
+// against rate·w + burst. Each names the fix it guards; each was seen to
+// fail with that fix reverted.
+
+// fastTimings shortens the lease loop so that a test sees many renewals,
+// releases and lapses within a few seconds.
+func fastTimings(c *hybrid.Config) {
+	c.Tick = 10 * time.Millisecond
+	c.ContendedTTL = 120 * time.Millisecond
+	c.UncontendedTTL = 400 * time.Millisecond
+	c.RedisTimeout = 40 * time.Millisecond
+}
+
+// flow is open-loop traffic on one instance: perSec arrivals per second
+// from from until to (offsets from the start of the run). With every set,
+// only the first on of each period of every (from from) has arrivals:
+// pulses.
+type flow struct {
+	inst      int
+	key       string
+	from, to  time.Duration
+	perSec    float64
+	every, on time.Duration
+}
+
+// event is something done to the cluster at an offset of the run.
+type event struct {
+	at time.Duration
+	do func()
+}
+
+// run is what a traffic run admitted: per key, the offsets from the start
+// at which the decisions that admitted were made, sorted, and per instance
+// the admissions.
+type run struct {
+	start    time.Time
+	admitted map[string][]time.Duration
+	perInst  []int
+	byInst   [][]time.Duration // admissions of each instance, all keys
+	errs     int
+}
+
+// perSecond is how many of the sorted times fall in each second of the run.
+func perSecond(times []time.Duration) []int {
+	var n []int
+	for _, at := range times {
+		for int(at/time.Second) >= len(n) {
+			n = append(n, 0)
+		}
+		n[at/time.Second]++
+	}
+	return n
+}
+
+// logRun logs the admissions of r per second, in all and per instance.
+func logRun(t *testing.T, r run, key string) {
+	t.Helper()
+	t.Logf("admitted per second %v", perSecond(r.admitted[key]))
+	for i, v := range r.byInst {
+		t.Logf("instance %d: %d, per second %v", i, r.perInst[i], perSecond(v))
+	}
+}
+
+// traffic drives flows against inst under limit for total, doing events at
+// their offsets, and returns what it admitted. Each flow runs in its own
+// goroutine; an admission is timed when its decision was made.
+func traffic(t *testing.T, inst []*hybrid.Limiter, limit string, total time.Duration, flows []flow, events ...event) run {
+	t.Helper()
+	type rec struct {
+		adm  []time.Duration
+		errs int
+	}
+	recs := make([]rec, len(flows))
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, f := range flows {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			interval := time.Duration(float64(time.Second) / f.perSec)
+			ctx := context.Background()
+			for next := f.from; next < f.to && next < total; next += interval {
+				if f.every > 0 {
+					if in := (next - f.from) % f.every; in >= f.on {
+						next += f.every - in - interval // the next pulse
+						continue
+					}
+				}
+				// Paces the open loop: this sleep schedules arrivals, it
+				// waits for nothing.
+				time.Sleep(time.Until(start.Add(next)))
+				at := time.Since(start)
+				d, err := inst[f.inst].Allow(ctx, limit, f.key)
+				if err != nil {
+					recs[i].errs++
+					continue
+				}
+				if d.Allowed {
+					recs[i].adm = append(recs[i].adm, at)
+				}
+			}
+		}()
+	}
+	for _, e := range events {
+		time.Sleep(time.Until(start.Add(e.at))) // schedules the event; waits for nothing
+		e.do()
+	}
+	wg.Wait()
+	r := run{start: start, admitted: map[string][]time.Duration{}, perInst: make([]int, len(inst)), byInst: make([][]time.Duration, len(inst))}
+	for i, f := range flows {
+		r.admitted[f.key] = append(r.admitted[f.key], recs[i].adm...)
+		r.perInst[f.inst] += len(recs[i].adm)
+		r.byInst[f.inst] = append(r.byInst[f.inst], recs[i].adm...)
+		r.errs += recs[i].errs
+	}
+	for _, v := range r.admitted {
+		slices.Sort(v)
+	}
+	for _, v := range r.byInst {
+		slices.Sort(v)
+	}
+	return r
+}
+
+// worstWindow returns the most of the sorted times within any window of
+// length w, and where that window starts.
+func worstWindow(times []time.Duration, w time.Duration) (int, time.Duration) {
+	best, at, j := 0, time.Duration(0), 0
+	for i := range times {
+		for times[i]-times[j] >= w {
+			j++
+		}
+		if i-j+1 > best {
+			best, at = i-j+1, times[j]
+		}
+	}
+	return best, at
+}
+
+// assertBound checks invariant 1 on the sorted admissions of one key: at
+// most rate·w + burst + extra in any window w of ws. extra is the rounding
+// the test allows (a token per instance) and the default shares a
+// membership change may add. It returns the worst excess over rate·w +
+// burst, in tokens, over all ws.
+func assertBound(t *testing.T, adm []time.Duration, rate float64, burst int, extra float64, ws ...time.Duration) float64 {
+	t.Helper()
+	worst := -1e18
+	for _, w := range ws {
+		got, at := worstWindow(adm, w)
+		bound := rate*w.Seconds() + float64(burst)
+		worst = max(worst, float64(got)-bound)
+		t.Logf("window %v: at most %d admitted (from %v), rate·w + burst = %.0f, allowed %.0f",
+			w, got, at.Round(time.Millisecond), bound, bound+extra)
+		if float64(got) > bound+extra {
+			t.Errorf("%d admitted in the %v window from %v, above rate·w + burst = %.0f (+%.0f allowed)",
+				got, w, at.Round(time.Millisecond), bound, extra)
+		}
+	}
+	return worst
+}
+
+// staticCluster starts n Limiters on srv with fast timings and static
+// counts of n; connect puts their counters on one bus, so that they ask
+// each other to yield. tune, if set, adjusts instance i's Config.
+func staticCluster(t *testing.T, srv *redistest.Server, n int, connect bool, tune func(i int, c *hybrid.Config), lim ...hybrid.Limit) ([]*hybrid.Limiter, []*membership.Static) {
+	t.Helper()
+	bus := membership.NewBus()
+	inst := make([]*hybrid.Limiter, n)
+	counters := make([]*membership.Static, n)
+	for i := range inst {
+		counters[i] = membership.NewStatic(fmt.Sprintf("instance-%d", i), n)
+		if connect {
+			counters[i].Connect(bus)
+		}
+		cfg := hybrid.Config{Redis: fastClient(t, srv), Members: counters[i], Limits: lim}
+		fastTimings(&cfg)
+		if tune != nil {
+			tune(i, &cfg)
+		}
+		inst[i] = newLimiter(t, cfg)
+	}
+	return inst, counters
+}
+
+// TestGapReturningIdleKeys guards the return of idle keys (engine.answered,
+// callRelease: a released key waits for the release's acknowledgement and
+// then for Lease.In, until every lease granted while Redis counted it below
+// its default share has ended, before it runs that share again). Two
+// instances: a wants 78% of the rate, b 10% (half of its default share).
+// Asked by a, b yields what it does not use, so a leases nearly the whole
+// rate; once a stops asking, b releases its yield record, and the moment
+// Redis shows the record gone, b's demand jumps to its default share. In
+// version 1, b ran that share at once while a still ran the grant made
+// against b's small record: the cluster admitted far beyond rate·w +
+// burst, cycle after cycle.
+func TestGapReturningIdleKeys(t *testing.T) {
+	const rate, burst, n = 2000.0, 100, 2
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	inst, _ := staticCluster(t, srv, n, true, nil, lim)
+	const total = 9 * time.Second
+	rdb := srv.Client(t)
+	var (
+		mu     sync.Mutex
+		jumps  []time.Duration
+		jumped []time.Time // b's admissions during its jumps
+	)
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		// Watches b's record; when it goes, b's demand jumps to its default
+		// share (on top of its steady 10%) for 300 ms.
+		defer close(watched)
+		had := false
+		tk := time.NewTicker(2 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			n, err := rdb.HExists(context.Background(), "hybridlimit:{api:k}", "i:instance-1").Result()
+			if err != nil {
+				continue
+			}
+			if n {
+				had = true
+				continue
+			}
+			if !had {
+				continue
+			}
+			had = false
+			begin := time.Now()
+			mu.Lock()
+			jumps = append(jumps, 0)
+			mu.Unlock()
+			for next := begin; time.Since(begin) < 300*time.Millisecond; next = next.Add(time.Second / 800) {
+				time.Sleep(time.Until(next)) // paces the open loop
+				at := time.Now()
+				if d, err := inst[1].Allow(context.Background(), "api", "k"); err == nil && d.Allowed {
+					mu.Lock()
+					jumped = append(jumped, at)
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	r := traffic(t, inst, "api", total, []flow{
+		{inst: 0, key: "k", to: total, perSec: 0.78 * rate},
+		{inst: 1, key: "k", to: total, perSec: 0.1 * rate},
+	})
+	close(stop)
+	<-watched
+	adm := r.admitted["k"]
+	for _, at := range jumped {
+		adm = append(adm, at.Sub(r.start))
+	}
+	slices.Sort(adm)
+	logRun(t, r, "k")
+	t.Logf("b's demand jumped %d times, b admitted %d during the jumps; all: %v", len(jumps), len(jumped), perSecond(adm))
+	if len(jumps) < 2 {
+		t.Errorf("b released its record %d times, want at least 2: the scenario did not happen", len(jumps))
+	}
+	assertBound(t, adm, rate, burst, n, 250*time.Millisecond, time.Second)
+}
+
+// TestGapGossipPartition guards the default shares of a gossip partition
+// with Redis up (Limiter.shareCount: the largest count of PeakWindow,
+// always). Four instances count 4, then split into two groups of two that
+// each count 2. Every instance sends 45% of the rate: within half the rate,
+// the default share each would run if it trusted its group's count, so
+// none would ever ask Redis and the cluster would admit 1.8 times the
+// rate (version 1: up to 2x). With the peak count every default share
+// stays a quarter, the instances are denied, lease, and Redis keeps the
+// cluster to the rate.
+func TestGapGossipPartition(t *testing.T) {
+	const rate, burst, n = 400.0, 40, 4
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	inst, counters := staticCluster(t, srv, n, true, nil, lim)
+	// Each instance has counted 4 since New; now the gossip splits 2|2.
+	for _, c := range counters {
+		c.Set(2)
+	}
+	eventually(t, 5*time.Second, "every instance counts 2", func() bool {
+		for _, l := range inst {
+			if l.Instances() != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	const total = 6 * time.Second
+	var flows []flow
+	for i := range inst {
+		flows = append(flows, flow{inst: i, key: "k", to: total, perSec: 0.45 * rate})
+	}
+	r := traffic(t, inst, "api", total, flows)
+	logRun(t, r, "k")
+	for i, l := range inst {
+		if st := mustStatus(t, l, "api"); st.LocalShare != shareOf(rate/n, burst/n) {
+			t.Errorf("instance %d: LocalShare %+v counting 2 after 4, want a quarter %+v", i, st.LocalShare, shareOf(rate/n, burst/n))
+		}
+	}
+	assertBound(t, r.admitted["k"], rate, burst, n, 250*time.Millisecond, time.Second, 3*time.Second)
+}
+
+// TestGapMaxInstancesBelowTheCount guards membership.Config.MaxInstances,
+// which used to cap Count: three real memberlist nodes with MaxInstances 2
+// counted 2, and every default share was half the rate instead of a third.
+// Each instance sends 45% of the rate, within half of it: with the cap none
+// would ever ask Redis and the cluster would admit 1.35 times the rate. Now
+// Count is the real member count (the node logs a warning instead), every
+// default share is a third, and Redis keeps the cluster to the rate.
+func TestGapMaxInstancesBelowTheCount(t *testing.T) {
+	const rate, burst, n = 300.0, 30, 3
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	nodes := make([]*membership.Memberlist, n)
+	for i := range nodes {
+		var seeds []string
+		if i > 0 {
+			seeds = []string{nodes[0].Addr()}
+		}
+		m, err := membership.Join(membership.Config{Name: fmt.Sprintf("node-%d", i), BindAddr: "127.0.0.1",
+			Seeds: seeds, Profile: membership.Local, MaxInstances: n - 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		nodes[i] = m
+	}
+	eventually(t, 10*time.Second, "every node sees every member", func() bool {
+		for _, m := range nodes {
+			if len(m.Members()) != n {
+				return false
+			}
+		}
+		return true
+	})
+	inst := make([]*hybrid.Limiter, n)
+	for i, m := range nodes {
+		cfg := hybrid.Config{Redis: fastClient(t, srv), Members: m, Limits: []hybrid.Limit{lim}}
+		fastTimings(&cfg)
+		inst[i] = newLimiter(t, cfg)
+	}
+	for i, l := range inst {
+		if got := l.Instances(); got != n {
+			t.Errorf("instance %d counts %d with %d members and MaxInstances %d, want %d", i, got, n, n-1, n)
+		}
+	}
+	const total = 5 * time.Second
+	var flows []flow
+	for i := range inst {
+		flows = append(flows, flow{inst: i, key: "k", to: total, perSec: 0.45 * rate})
+	}
+	r := traffic(t, inst, "api", total, flows)
+	logRun(t, r, "k")
+	assertBound(t, r.admitted["k"], rate, burst, n, 250*time.Millisecond, time.Second, 3*time.Second)
+}

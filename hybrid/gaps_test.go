@@ -39,6 +39,9 @@ type flow struct {
 	from, to  time.Duration
 	perSec    float64
 	every, on time.Duration
+	// gate, if set, holds the flow back until it is closed: the flow then
+	// starts at once, from then on (from is ignored).
+	gate <-chan struct{}
 }
 
 // event is something done to the cluster at an offset of the run.
@@ -97,6 +100,10 @@ func traffic(t *testing.T, inst []*hybrid.Limiter, limit string, total time.Dura
 			defer wg.Done()
 			interval := time.Duration(float64(time.Second) / f.perSec)
 			ctx := context.Background()
+			if f.gate != nil {
+				<-f.gate
+				f.from = time.Since(start)
+			}
 			for next := f.from; next < f.to && next < total; next += interval {
 				if f.every > 0 {
 					if in := (next - f.from) % f.every; in >= f.on {
@@ -377,4 +384,43 @@ func TestGapMaxInstancesBelowTheCount(t *testing.T) {
 	r := traffic(t, inst, "api", total, flows)
 	logRun(t, r, "k")
 	assertBound(t, r.admitted["k"], rate, burst, n, 250*time.Millisecond, time.Second, 3*time.Second)
+}
+
+// TestGapFlushAll guards the lost-state logic of lease.lua (a request that
+// says it runs a grant whose record is missing caps every grant at what its
+// instance says it runs, until the longest lease could have ended). Two
+// instances hold leases summing to the rate, a about 94% of it and b the
+// rest; FLUSHALL wipes them just after a renewed, and b's demand jumps at
+// once. Without the cap, b's next request finds a unrecorded, counted at
+// its default share, and is granted half the rate while a still runs its
+// grant until its next renewal, up to a second later: up to (2-1/N)·rate.
+// The instances do not ask each other to yield here, which would make a
+// renew at once.
+func TestGapFlushAll(t *testing.T) {
+	const rate, burst, n = 1000.0, 100, 2
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	// Long uncontended leases: a's renews a second after the flush.
+	inst, _ := staticCluster(t, srv, n, false, func(_ int, c *hybrid.Config) { c.UncontendedTTL = 2 * time.Second }, lim)
+	const total, flushAfter = 7 * time.Second, 4 * time.Second
+	rdb := srv.Client(t)
+	flushed := make(chan struct{})
+	flush := func() {
+		// Right after a's next renewal.
+		rec := func() string { return rdb.HGet(context.Background(), "hybridlimit:{api:k}", "i:instance-0").Val() }
+		was := rec()
+		eventually(t, 3*time.Second, "a renews its lease", func() bool { return rec() != was })
+		srv.FlushAll(t)
+		close(flushed)
+	}
+	r := traffic(t, inst, "api", total, []flow{
+		{inst: 0, key: "k", to: total, perSec: 0.85 * rate},
+		// b's burst above its burst share makes it lease; its demand is
+		// then 5% of the rate, until the flush.
+		{inst: 1, key: "k", from: 500 * time.Millisecond, to: 520 * time.Millisecond, perSec: 3000},
+		{inst: 1, key: "k", to: total, perSec: 0.05 * rate},
+		{inst: 1, key: "k", gate: flushed, to: total, perSec: 0.6 * rate},
+	}, event{at: flushAfter, do: flush})
+	logRun(t, r, "k")
+	assertBound(t, r.admitted["k"], rate, burst, n, 250*time.Millisecond, 500*time.Millisecond, time.Second)
 }

@@ -1,6 +1,7 @@
 package hybrid_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -8,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/hybridlimit/hybridlimit/hybrid"
-	_ "github.com/hybridlimit/hybridlimit/internal/faultproxy"
+	"github.com/hybridlimit/hybridlimit/internal/faultproxy"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/membership"
 )
@@ -35,6 +38,7 @@ func fastTimings(c *hybrid.Config) {
 // pulses.
 type flow struct {
 	inst      int
+	limit     string // empty: the limit traffic is given
 	key       string
 	from, to  time.Duration
 	perSec    float64
@@ -50,7 +54,8 @@ type event struct {
 	do func()
 }
 
-// run is what a traffic run admitted: per key, the offsets from the start
+// run is what a traffic run admitted: per key (limit/key for the flows
+// that name their limit), the offsets from the start
 // at which the decisions that admitted were made, sorted, and per instance
 // the admissions.
 type run struct {
@@ -100,6 +105,7 @@ func traffic(t *testing.T, inst []*hybrid.Limiter, limit string, total time.Dura
 			defer wg.Done()
 			interval := time.Duration(float64(time.Second) / f.perSec)
 			ctx := context.Background()
+			limit := cmp.Or(f.limit, limit)
 			if f.gate != nil {
 				<-f.gate
 				f.from = time.Since(start)
@@ -133,7 +139,11 @@ func traffic(t *testing.T, inst []*hybrid.Limiter, limit string, total time.Dura
 	wg.Wait()
 	r := run{start: start, admitted: map[string][]time.Duration{}, perInst: make([]int, len(inst)), byInst: make([][]time.Duration, len(inst))}
 	for i, f := range flows {
-		r.admitted[f.key] = append(r.admitted[f.key], recs[i].adm...)
+		k := f.key
+		if f.limit != "" {
+			k = f.limit + "/" + f.key
+		}
+		r.admitted[k] = append(r.admitted[k], recs[i].adm...)
 		r.perInst[f.inst] += len(recs[i].adm)
 		r.byInst[f.inst] = append(r.byInst[f.inst], recs[i].adm...)
 		r.errs += recs[i].errs
@@ -423,4 +433,51 @@ func TestGapFlushAll(t *testing.T) {
 	}, event{at: flushAfter, do: flush})
 	logRun(t, r, "k")
 	assertBound(t, r.admitted["k"], rate, burst, n, 250*time.Millisecond, 500*time.Millisecond, time.Second)
+}
+
+// TestGapSlowPipelines guards what a key does while its lease requests fail
+// and Redis still answers PING (Limiter.hybrid: a key that is not degraded
+// decides on its local share, the smaller of its last grant and its
+// default share once that grant ran out, which Redis counts; only a
+// degraded limit follows OnOutage). Two instances, b at twice the rate on
+// a key of a FailOpen and of a FailLocal limit, a at 5%, leasing a small
+// part of the rate. Then a's link to Redis slows to 1 KB/s: its renewal
+// pipelines miss RedisTimeout, a PING does not, and a's demand jumps to
+// twice the rate. Version 1 then let FailOpen admit everything on a, and
+// FailLocal run the default share, half the rate, on top of b's grant.
+func TestGapSlowPipelines(t *testing.T) {
+	const rate, burst, n = 1000.0, 60, 2
+	srv := redistest.Start(t)
+	toA := faultproxy.Start(t, srv.Addr)
+	limits := []hybrid.Limit{
+		{Name: "open", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen},
+		{Name: "local", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
+	}
+	regA := prometheus.NewRegistry()
+	inst, _ := staticCluster(t, srv, n, true, func(i int, c *hybrid.Config) {
+		if i == 0 {
+			c.Redis, c.Registerer = fastClientTo(t, toA.Addr), regA
+		}
+	}, limits...)
+	const total, slowAt = 6 * time.Second, 3 * time.Second
+	var flows []flow
+	for _, lim := range []string{"open", "local"} {
+		flows = append(flows,
+			flow{inst: 1, limit: lim, key: "k", to: total, perSec: 2 * rate},
+			flow{inst: 0, limit: lim, key: "k", to: slowAt, perSec: 0.05 * rate},
+			flow{inst: 0, limit: lim, key: "k", from: slowAt, to: total, perSec: 2 * rate})
+	}
+	r := traffic(t, inst, "", total, flows, event{at: slowAt, do: func() { toA.Bandwidth(t, faultproxy.Upstream, 1) }})
+	if errs := counterSum(t, regA, "hybridlimit_redis_errors_total"); errs == 0 {
+		t.Fatal("no lease request of a failed: the fault did not slow its pipelines")
+	}
+	for _, lim := range []string{"open", "local"} {
+		t.Run(lim, func(t *testing.T) {
+			if st := mustStatus(t, inst[0], lim); st.Degraded {
+				t.Errorf("a degraded: its PING failed too, the test did not slow only its pipelines")
+			}
+			t.Logf("admitted per second %v", perSecond(r.admitted[lim+"/k"]))
+			assertBound(t, r.admitted[lim+"/k"], rate, burst, n, 250*time.Millisecond, time.Second)
+		})
+	}
 }

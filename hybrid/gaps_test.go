@@ -481,3 +481,47 @@ func TestGapSlowPipelines(t *testing.T) {
 		})
 	}
 }
+
+// TestGapLostFirstAnswers guards what a key in the share placement says
+// when it asks for a lease (engine.renewal through lease.running: Running
+// is its default share, Held false), so that Redis counts it at that share
+// even if the answer is lost. Two instances that do not ask each other to
+// yield: a wants twice the rate and leases what b's default share leaves;
+// b sends a request every 300 ms, and every 1.5 s a pulse of 2000 requests
+// per second for 300 ms, during which Redis runs its requests but their
+// answers come too late. b asks for a lease with a want measured mostly over its quiet
+// time, far below its default share; had it said it ran nothing, Redis
+// would count it at that small grant and grant a the rest while b, never
+// told, goes on running its default share.
+func TestGapLostFirstAnswers(t *testing.T) {
+	const rate, burst, n = 1000.0, 40, 2
+	srv := redistest.Start(t)
+	toB := faultproxy.Start(t, srv.Addr)
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
+	regB := prometheus.NewRegistry()
+	inst, _ := staticCluster(t, srv, n, false, func(i int, c *hybrid.Config) {
+		if i == 1 {
+			c.Redis, c.Registerer = fastClientTo(t, toB.Addr), regB
+		}
+	}, lim)
+	const total, every = 8 * time.Second, 1500 * time.Millisecond
+	var events []event
+	for at := every; at < total; at += every {
+		events = append(events,
+			// Beyond the client's 200 ms read timeout: go-redis waits for
+			// that, not for RedisTimeout, unless the client enables
+			// ContextTimeoutEnabled.
+			event{at: at - 5*time.Millisecond, do: func() { toB.Latency(t, faultproxy.Downstream, 300*time.Millisecond) }},
+			event{at: at + 600*time.Millisecond, do: func() { toB.Clear(t) }})
+	}
+	r := traffic(t, inst, "api", total, []flow{
+		{inst: 0, key: "k", to: total, perSec: 2 * rate},
+		{inst: 1, key: "k", to: total, perSec: 1000.0 / 300},
+		{inst: 1, key: "k", from: every, to: total, perSec: 2000, every: every, on: 300 * time.Millisecond},
+	}, events...)
+	logRun(t, r, "k")
+	if errs := counterSum(t, regB, "hybridlimit_redis_errors_total"); errs == 0 {
+		t.Fatal("no lease request of b failed: its answers were not lost")
+	}
+	assertBound(t, r.admitted["k"], rate, burst, n, 100*time.Millisecond, 250*time.Millisecond, time.Second)
+}

@@ -428,6 +428,12 @@ func TestGapFlushAll(t *testing.T) {
 // pipelines miss RedisTimeout, a PING does not, and a's demand jumps to
 // twice the rate. Version 1 then let FailOpen admit everything on a, and
 // FailLocal run the default share, half the rate, on top of b's grant.
+//
+// The FailOpen case fails with the first fix alone reverted. The FailLocal
+// case is held by two fixes at once: a lapsed grant runs the smaller of it
+// and the default share (local.AllowN, lapse), and Redis counts an
+// unrecorded instance at its default share always (lease.lua, unrecorded);
+// it fails with both reverted, as in version 1, and holds with either.
 func TestGapSlowPipelines(t *testing.T) {
 	const rate, burst, n = 1000.0, 60, 2
 	srv := redistest.Start(t)

@@ -20,8 +20,9 @@ import (
 // The gaps of invariant 1 that version 1 of the placement left open while
 // Redis is up (issue 11), one real-Redis test each: several real Limiters
 // in one process, the admissions of one key counted over sliding windows
-// against rate·w + burst. Each names the fix it guards; each was seen to
-// fail with that fix reverted.
+// against rate·w + burst. Each test of a gap names the fix it guards, and
+// was seen to fail with that fix reverted; TestGapYieldsAtWork holds the
+// bound while yields come and go.
 
 // fastTimings shortens the lease loop so that a test sees many renewals,
 // releases and lapses within a few seconds.

@@ -181,9 +181,10 @@ func DefaultConfig() Config {
 }
 
 // Memberlist is a Counter backed by a memberlist gossip cluster. Its count
-// is the number of members this node believes alive, self included (see
-// Config.MaxInstances for the warning above an expected maximum). It is safe for concurrent use. Create it with Join
-// and release it with Close.
+// is the number of members this node believes alive, self included, never
+// capped (see Config.MaxInstances for the warning above an expected
+// maximum). It is safe for concurrent use. Create it with Join and release
+// it with Close.
 type Memberlist struct {
 	name         string
 	addr         string

@@ -10,7 +10,7 @@
 // for single-instance use and tests. Memberlist is backed by a
 // github.com/hashicorp/memberlist gossip cluster: Join starts a node, joins the
 // given seeds, and counts the live members, optionally encrypting gossip with
-// a shared key and capping the count at a configured maximum.
+// a shared key and warning when the count exceeds a configured maximum.
 //
 // Instances of a deployment start together and in no particular order, so
 // Join keeps trying its seeds, with randomized exponential back-off, for up

@@ -359,10 +359,18 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
 	denied := st.Denied != le.deniedAt
 	le.deniedAt = st.Denied
-	if (le.state == stateDefault || le.state == stateYielded) && st.Attempted == le.quietAt && now.Sub(le.demand.lastAt()) >= time.Second {
-		// No decision since the last tick: a burst that comes next is
+	if (le.state == stateDefault || le.state == stateYielded) && now.Sub(le.demand.lastAt()) >= time.Second {
+		// Once a second, a key without a lease measures its demand (what
+		// it would yield to if asked). If no decision came since the last
+		// tick, its window starts anew here: a burst that comes next is
 		// measured from here, not diluted over the quiet before it.
-		le.demand.restart(now, st.Attempted)
+		le.demandNow = le.demand.rate(now, st, def)
+		le.measured = true
+		if st.Attempted == le.quietAt {
+			le.demand.restart(now, st.Attempted)
+		} else {
+			le.demand.record(now, st.Attempted)
+		}
 	}
 	le.quietAt = st.Attempted
 	switch le.state {
@@ -378,11 +386,6 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		// its share: it asks only once that share turned requests away
 		// (and not while Redis is down: no grant could follow).
 		if !denied || e.degraded {
-			if now.Sub(le.demand.lastAt()) >= time.Second {
-				le.demandNow = le.demand.rate(now, st, def)
-				le.demand.record(now, st.Attempted)
-				le.measured = true
-			}
 			return calls
 		}
 		e.asks = append(e.asks, st.Key)
@@ -589,6 +592,11 @@ func (e *engine) idle(now time.Time, n int, st *local.KeyStats, le *lease, calls
 // now.
 func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, def float64) global.LeaseRequest {
 	want := max(le.demand.rate(now, st, def)*headroom, e.rate*minWantFraction)
+	if le.state == stateDefault || le.state == stateAsking {
+		// Its default share turned requests away: it wants more than
+		// that, whatever its few decisions so far measure.
+		want = max(want, def*headroom)
+	}
 	le.demand.record(now, st.Attempted)
 	// A key's first lease is asked for as uncontended: most keys are, and a
 	// contended one renews soonTicks later anyway.

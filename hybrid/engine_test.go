@@ -249,7 +249,12 @@ var (
 
 // asking is the request of a key that asks for a lease from the share
 // placement: uncontended, saying it runs its default share.
+// A key that asks because its default share denied it wants at least that
+// share, with headroom, whatever its few decisions measure.
 func asking(want float64) req {
+	if want != anyWant {
+		want = max(want, eDef*headroom)
+	}
 	return req{want: want, ttl: eUTTL, running: eDef, runningFor: eUTTL}
 }
 

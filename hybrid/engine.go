@@ -160,6 +160,7 @@ type lease struct {
 	askedPeers    time.Time // when this instance last asked its peers to yield the key
 	wantsLease    bool      // yielded: its share denied a request, and it asks for a lease until granted
 	unrecorded    bool      // the last grant counted peers that hold no record at their default share: they could yield
+	recovering    bool      // went back to its default share while Redis was down: its record is released once it is back
 	demand        demandWindow
 }
 
@@ -373,6 +374,20 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		}
 	}
 	le.quietAt = st.Attempted
+	if e.degraded && le.state != stateDefault && le.state != stateHeld && le.state != stateAsking && le.state != stateLapsed {
+		// Redis is down: a key that gave up its share (yielded, exact,
+		// on its way out of either) runs its default share, for the
+		// outage policy, and releases its record once Redis is back.
+		le.state, le.recovering, le.returning = stateDefault, true, false
+		e.shares.SetMark(st.Key, 0)
+		e.shares.Unassign(now, st.Key)
+		return calls
+	}
+	if le.recovering && !e.degraded && le.state == stateDefault {
+		le.recovering = false
+		le.state, le.renewAt = stateReleasing, now.Add(e.t.tick)
+		return append(calls, e.release(st.Key, n, le))
+	}
 	switch le.state {
 	case stateDefault:
 		if e.exactBursts {
@@ -412,12 +427,6 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		le.state = stateAsking
 		return append(calls, c)
 	case stateExact:
-		if e.degraded {
-			le.state = stateDefault
-			e.shares.SetMark(st.Key, 0)
-			e.shares.Unassign(now, st.Key)
-			return calls
-		}
 		return e.stepExact(now, n, def, st, le, calls)
 	}
 	// Asking, held or lapsed.

@@ -1103,7 +1103,9 @@ func TestEngineExact(t *testing.T) {
 
 // TestEngineExactDegraded: an exact key goes back to its default share,
 // unmarked, at the first tick of a degraded limit, for its outage policy;
-// when the limit recovers it stays there until its share denies a request.
+// when the limit recovers it releases its exact record at once (Redis
+// counted it there), and then stays at its default share until that
+// denies a request.
 func TestEngineExactDegraded(t *testing.T) {
 	run(t, table{steps: append(exactSteps(),
 		step{at: 100 * ms, do: degrade(true), state: stateExact, none: true, mark: markExact},
@@ -1111,7 +1113,8 @@ func TestEngineExactDegraded(t *testing.T) {
 		step{at: 300 * ms, do: decideOne(true, 0), state: stateDefault},
 		step{at: 300 * ms, do: tick(), state: stateDefault},
 		step{at: 350 * ms, do: degrade(false), state: stateDefault},
-		step{at: 350 * ms, do: tick(), state: stateDefault},
+		step{at: 350 * ms, do: tick(), calls: []req{released}, state: stateReleasing},
+		step{at: 350 * ms, do: ack(0), state: stateDefault},
 		step{at: 400 * ms, do: decide(overShare), state: stateDefault},
 		step{at: 450 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
 	)})

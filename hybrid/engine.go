@@ -430,11 +430,13 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		return e.stepExact(now, n, def, st, le, calls)
 	}
 	// Asking, held or lapsed.
-	if !e.degraded && le.state == stateHeld && le.peersCouldYield() && le.lastWant > def && le.granted < le.lastWant*askPeersAfterGap &&
+	if !e.degraded && le.state == stateHeld && le.lastWant > def &&
+		((le.peersCouldYield() && le.granted < le.lastWant*askPeersAfterGap) || le.granted > def) &&
 		now.Sub(le.askedPeers) >= askEvery {
-		// Starved while it wants more than its share: keep asking the
-		// peers (no Redis), so that their yields stand while it needs
-		// them; the renewals pick up what they give.
+		// Starved while it wants more than its share, or running on what
+		// its peers yielded: keep asking them (no Redis), so that their
+		// yields stand while it needs them; the renewals pick up what
+		// they give.
 		e.asks = append(e.asks, st.Key)
 		le.askedPeers = now
 		le.askGap = max(le.askGap, soonTicks)

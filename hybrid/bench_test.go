@@ -51,7 +51,7 @@ func benchLimiter(b *testing.B, srv *redistest.Server, m hybrid.Mode) *hybrid.Li
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := l.Close(ctx); err != nil {
 			b.Error(err)
@@ -66,9 +66,13 @@ func benchLimiter(b *testing.B, srv *redistest.Server, m hybrid.Mode) *hybrid.Li
 func benchWarm(b *testing.B, l *hybrid.Limiter, keys []string) {
 	b.Helper()
 	ctx := context.Background()
+	// A key asks for a lease once its default share turned a request
+	// away: take the whole burst twice in a row, the second time denied.
 	for _, k := range keys {
-		if _, err := l.Allow(ctx, benchLimit, k); err != nil {
-			b.Fatal(err)
+		for range 2 {
+			if _, err := l.AllowN(ctx, benchLimit, k, benchBurst); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -264,6 +268,19 @@ func BenchmarkAllow(b *testing.B) {
 		l := benchLimiter(b, srv, hybrid.Hybrid)
 		benchWarm(b, l, one)
 		benchLoop(b, l, one)
+		benchCheck(b, l)
+	})
+	// The share placement: keys within their default share, no lease.
+	b.Run("mode=hybrid/share/keys=1", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiter(b, srv, hybrid.Hybrid)
+		benchLoop(b, l, one)
+		benchCheck(b, l)
+	})
+	b.Run("mode=hybrid/share/keys=1000", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiter(b, srv, hybrid.Hybrid)
+		benchLoop(b, l, thousand)
 		benchCheck(b, l)
 	})
 	b.Run("mode=hybrid/keys=1000", func(b *testing.B) {

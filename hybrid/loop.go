@@ -391,11 +391,19 @@ func (l *Limiter) releaseAll(ctx context.Context) error {
 		return nil
 	}
 	b.out = make([]global.Lease, len(b.reqs))
-	if err := l.store.Lease(ctx, b.reqs, b.out); err != nil {
-		return err
-	}
-	for _, r := range b.refs {
-		r.ls.m.leasesReleased.Inc()
+	// In pipelines of releaseChunk: one pipeline of every key's release
+	// outlasts a client's write timeout when there are very many.
+	for i := 0; i < len(b.reqs); i += releaseChunk {
+		j := min(i+releaseChunk, len(b.reqs))
+		if err := l.store.Lease(ctx, b.reqs[i:j], b.out[i:j]); err != nil {
+			return err
+		}
+		for _, r := range b.refs[i:j] {
+			r.ls.m.leasesReleased.Inc()
+		}
 	}
 	return nil
 }
+
+// releaseChunk is how many releases Close sends in one pipeline.
+const releaseChunk = 4096

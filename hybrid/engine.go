@@ -136,8 +136,8 @@ func (s keyState) String() string {
 type lease struct {
 	state keyState
 	// failed: the last request for this key failed on its own. Orthogonal
-	// to state: a held grant stays in force until it ends, and the key is
-	// flagged.
+	// to state: a held grant stays in force until it ends, then lapses to
+	// at most the default share; only a degraded limit follows its policy.
 	failed bool
 	// The last grant: its rate and this instance's fair share, both in
 	// tokens per second, and whether the key's instances want more than its
@@ -200,7 +200,6 @@ type keyShares interface {
 	Assign(t time.Time, key string, s local.Share, until time.Time) bool
 	AssignNew(t time.Time, key string, s local.Share, until time.Time) bool
 	Unassign(t time.Time, key string) bool
-	SetFlag(key string, on bool) bool
 	SetMark(key string, m uint8) bool
 	SetNewMark(m uint8)
 }
@@ -805,13 +804,13 @@ func (e *engine) failed(sent time.Time, c *call) bool {
 	return e.setFailed(c.req.Key, c.lease, true)
 }
 
-// setFailed flags or unflags key and reports whether that changed.
+// setFailed marks key failing or not and reports whether that changed (the
+// limit counts its failing keys for Status and logs).
 func (e *engine) setFailed(key string, le *lease, on bool) bool {
 	if le.failed == on {
 		return false
 	}
 	le.failed = on
-	e.shares.SetFlag(key, on)
 	return true
 }
 
@@ -863,17 +862,14 @@ func (e *engine) renewAll(now time.Time) {
 }
 
 // drop appends the release of every record Redis may hold, moves every key
-// back to its default share at now, unflags the failing ones and forgets
-// them all: the limit stops being Hybrid, and its keys stay.
+// back to its default share at now and forgets them all: the limit stops
+// being Hybrid, and its keys stay.
 func (e *engine) drop(now time.Time, n int, calls []call) []call {
 	e.shares.SetNewMark(0)
 	for k, le := range e.keys {
 		if le.state != stateDefault {
 			e.shares.SetMark(k, 0)
 			e.shares.Unassign(now, k)
-		}
-		if le.failed {
-			e.shares.SetFlag(k, false)
 		}
 	}
 	return e.releaseAll(n, calls)

@@ -38,11 +38,10 @@ const (
 
 // rig is one instance's engine and key limiters for one limit.
 type rig struct {
-	t     *testing.T
-	loc   *local.Limiter
-	flags map[string]bool // what the engine flagged through SetFlag
-	eng   *engine
-	n     int
+	t   *testing.T
+	loc *local.Limiter
+	eng *engine
+	n   int
 	// The calls of the last tick, and when they went out: answers go to
 	// them.
 	pending []call
@@ -58,29 +57,24 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, loc: loc, flags: map[string]bool{}, n: eN}
+	r := &rig{t: t, loc: loc, n: eN}
 	r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: eBurst}, "me",
-		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, flagRecorder{r})
+		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
 	return r
 }
 
-// flagRecorder passes the engine's calls to the rig's limiter, and records
-// the flags it sets, which decisions only report.
-type flagRecorder struct{ r *rig }
+// rigShares passes the engine's calls to the rig's limiter.
+type rigShares struct{ r *rig }
 
-func (f flagRecorder) Assign(t time.Time, key string, s local.Share, until time.Time) bool {
+func (f rigShares) Assign(t time.Time, key string, s local.Share, until time.Time) bool {
 	return f.r.loc.Assign(t, key, s, until)
 }
-func (f flagRecorder) AssignNew(t time.Time, key string, s local.Share, until time.Time) bool {
+func (f rigShares) AssignNew(t time.Time, key string, s local.Share, until time.Time) bool {
 	return f.r.loc.AssignNew(t, key, s, until)
 }
-func (f flagRecorder) Unassign(t time.Time, key string) bool { return f.r.loc.Unassign(t, key) }
-func (f flagRecorder) SetMark(key string, m uint8) bool      { return f.r.loc.SetMark(key, m) }
-func (f flagRecorder) SetNewMark(m uint8)                    { f.r.loc.SetNewMark(m) }
-func (f flagRecorder) SetFlag(key string, on bool) bool {
-	f.r.flags[key] = on
-	return f.r.loc.SetFlag(key, on)
-}
+func (f rigShares) Unassign(t time.Time, key string) bool { return f.r.loc.Unassign(t, key) }
+func (f rigShares) SetMark(key string, m uint8) bool      { return f.r.loc.SetMark(key, m) }
+func (f rigShares) SetNewMark(m uint8)                    { f.r.loc.SetNewMark(m) }
 
 // op is one step's call: it runs at now and returns the lease requests the
 // engine made, if any.
@@ -606,7 +600,7 @@ func failingSteps() []step {
 
 // TestEngineFailedAndLostAnswers: a request that fails, or whose answer is
 // lost (the loop sees a timeout), leaves the grant in force until it ends,
-// flags the key (it follows the outage policy once its grant has ended,
+// marks the key failing (it follows the outage policy once its grant has ended,
 // and only if the limit is degraded), and asks again at every tick, saying
 // what it still runs; the grant lapses at its local end, counted once as
 // expired, and the next answer puts a grant back and clears the flag.
@@ -614,7 +608,7 @@ func TestEngineFailedAndLostAnswers(t *testing.T) {
 	var flagged []bool
 	var expired []int
 	r := run(t, table{perTick: 1, steps: failingSteps(), after: func(r *rig, i int) {
-		flagged = append(flagged, r.flags["k"])
+		flagged = append(flagged, r.eng.keys["k"] != nil && r.eng.keys["k"].failed)
 		expired = append(expired, r.expired)
 	}})
 	wantFlagged := []bool{false, false, false, false, false, true, true, true, true, true, true, false}

@@ -356,7 +356,7 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int)
 	default:
 		return l.policy(ls), nil
 	}
-	if d.RetryAfter == Never && !ls.degraded.Load() {
+	if d.RetryAfter == Never && !degraded {
 		// n is within the limit's burst (AllowN checked) but above this
 		// instance's part of it: that part follows the key's lease, which
 		// a renewal may grow, so look again after one rather than never.
@@ -376,7 +376,9 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	t, err := l.store.TakeExact(cctx, global.ExactRequest{
 		Limit: ls.Name, Key: key, Instance: l.members.Name(),
-		Rate: ls.Rate, Burst: ls.Burst, Instances: l.shareCount(ls, now), N: n,
+		// The count the default shares are split by, which the loop keeps
+		// at N-hat: an atomic load, where shareCount takes a lock.
+		Rate: ls.Rate, Burst: ls.Burst, Instances: ls.loc.Instances(), N: n,
 		TTL: l.cfg.UncontendedTTL, ExactBursts: ls.ExactBursts,
 	})
 	cancel()
@@ -603,11 +605,11 @@ func (l *Limiter) onPeers(n int) {
 	}
 }
 
-// resplit sets the default share of ls for the current count and mode.
-func (l *Limiter) resplit(ls *limitEntry, now time.Time) {
+// resplit splits the default share of ls by n, N-hat at now.
+func (l *Limiter) resplit(ls *limitEntry, now time.Time, n int) {
 	l.shareMu.Lock()
 	defer l.shareMu.Unlock()
-	ls.loc.SetInstances(now, l.shareCount(ls, now))
+	ls.loc.SetInstances(now, n)
 }
 
 // peak returns the largest instance count seen within PeakWindow of now.

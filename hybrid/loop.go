@@ -125,7 +125,7 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 		l.logUnlogged(ls)
 		degraded := ls.degraded.Load()
 		// The largest recent count may have aged out of PeakWindow.
-		l.resplit(ls, now)
+		l.resplit(ls, now, n)
 		// A degraded limit recovers when Redis answers: a renewal, or a
 		// probe when there is none (a Global limit, or a Hybrid one whose
 		// keys ask for nothing, for example one degraded since New).

@@ -428,6 +428,9 @@ func (l *Limiter) assign(sh *shard, e *entry, t time.Time, s Share, until time.T
 // SetMark); 0, the default, creates keys unmarked. Keys that exist keep
 // their marks.
 func (l *Limiter) SetNewMark(m uint8) {
+	if l.params.Load().mark == m {
+		return // the loop sets it at every tick: no copy, no lock
+	}
 	l.setMu.Lock()
 	defer l.setMu.Unlock()
 	p := *l.params.Load()

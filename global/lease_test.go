@@ -600,6 +600,7 @@ type leaseStep struct {
 	inst    string
 	want    float64
 	yield   bool
+	exact   bool // ExactBursts: unrecorded instances are counted at 0
 	n       int
 	granted float64
 	// returnsIn, for a release, is how long after the call the instance
@@ -637,6 +638,14 @@ func TestLeaseCounting(t *testing.T) {
 			// a again: 20 is free beside the others' wants, its want plus
 			// a quarter of what nobody wants would be 12.5.
 			{inst: "a", want: 10, n: 4, granted: 20},
+		}},
+		{"exact bursts count the unrecorded at 0", false, []leaseStep{
+			// Under exact bursts an instance never runs a default share
+			// unasked: alone of four, a may lease the whole rate.
+			{inst: "a", want: 100, exact: true, n: 4, granted: 100},
+			// Split bursts on the same key: the three it does not know of
+			// are counted at 25 each (a's 100 is in force as well).
+			{inst: "b", want: 100, n: 4, granted: 0},
 		}},
 		{"yield caps at want", false, []leaseStep{
 			// Without Yield, 10 of two would get 50.
@@ -691,7 +700,7 @@ func TestLeaseCounting(t *testing.T) {
 					ttl = 10 * time.Second
 				}
 				got := lease(t, store, global.LeaseRequest{Limit: "count", Key: tt.name, Instance: s.inst,
-					Want: s.want, Yield: s.yield, Rate: rate, Instances: s.n, TTL: ttl})
+					Want: s.want, Yield: s.yield, ExactBursts: s.exact, Rate: rate, Instances: s.n, TTL: ttl})
 				if !approx(got.Granted, s.granted) || got.Lost {
 					t.Errorf("step %d (%+v): %+v, want granted %v", i, s, got, s.granted)
 				}

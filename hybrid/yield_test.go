@@ -8,6 +8,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
 )
 
 // TestYieldGivesTheAskerTheRate: one key used on one instance of four, at
@@ -65,4 +66,47 @@ func TestExactBurstsAdmitAFreshBurstWhole(t *testing.T) {
 			t.Errorf("split bursts, instance %d: %d of a burst of 41 admitted; want its part of the burst, 10", i, got)
 		}
 	}
+}
+
+// TestExactDenialIsCached: an exact decision that Redis denied with "none
+// until t" is repeated in process until t, with no Redis command (the deny
+// cache of DESIGN.md's exact placement), and asked again after t.
+func TestExactDenialIsCached(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: 2, Burst: 1, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	// A slow loop: its first tick comes after the test, so the key stays
+	// in the exact placement (a tick would move a key this busy to a lease).
+	l := newLimiter(t, hybrid.Config{Redis: srv.Client(t), Members: membership.NewStatic("only", 1), Limits: []hybrid.Limit{lim},
+		Tick: 5 * time.Second, ContendedTTL: 11 * time.Second, UncontendedTTL: 11 * time.Second, RedisTimeout: time.Second})
+	ctx := context.Background()
+	commands := func() uint64 {
+		st, err := l.Status("api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RedisCommands
+	}
+	if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal {
+		t.Fatalf("first exact decision: %+v, %v", d, err)
+	}
+	d, err := l.Allow(ctx, "api", "k")
+	if err != nil || d.Allowed || d.RetryAfter <= 0 {
+		t.Fatalf("second decision within the burst's refill: %+v, %v; want a denial saying when", d, err)
+	}
+	until := time.Now().Add(d.RetryAfter)
+	before := commands()
+	n := 0
+	for time.Now().Add(50 * time.Millisecond).Before(until) {
+		if d, err := l.Allow(ctx, "api", "k"); err != nil || d.Allowed || d.Source != hybrid.SourceGlobal {
+			t.Fatalf("decision %d within the hold: %+v, %v; want an exact denial", n, d, err)
+		}
+		n++
+	}
+	if got := commands() - before; got != 0 || n < 10 {
+		t.Fatalf("%d decisions within the hold sent %d Redis commands; want them decided in process", n, got)
+	}
+	eventually(t, time.Second, "an exact admission once the hold has ended", func() bool {
+		d, err := l.Allow(ctx, "api", "k")
+		return err == nil && d.Allowed && d.Source == hybrid.SourceGlobal
+	})
 }

@@ -373,10 +373,11 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 		}
 	}
 	le.quietAt = st.Attempted
-	if e.degraded && le.state != stateDefault && le.state != stateHeld && le.state != stateAsking && le.state != stateLapsed {
-		// Redis is down: a key that gave up its share (yielded, exact,
-		// on its way out of either) runs its default share, for the
-		// outage policy, and releases its record once Redis is back.
+	if e.degraded && le.state != stateDefault && le.state != stateHeld && le.state != stateAsking {
+		// Redis is down: a key that runs less than its default share (a
+		// lapsed grant, yielded, exact, on its way out of either) runs
+		// that share, for the outage policy (FailLocal admits rate/N-hat
+		// per instance), and releases its record once Redis is back.
 		le.state, le.recovering, le.returning = stateDefault, true, false
 		e.shares.SetMark(st.Key, 0)
 		e.shares.Unassign(now, st.Key)

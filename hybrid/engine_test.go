@@ -1045,6 +1045,29 @@ func TestEngineLapse(t *testing.T) {
 			}
 		}
 	})
+	t.Run("below the default share, then Redis gone", func(t *testing.T) {
+		// Degraded, the lapsed key runs its default share for the outage
+		// policy (FailLocal: rate/N-hat), not 15; once Redis is back it
+		// releases its record before it asks for anything.
+		steps := []step{
+			{at: 0, do: tick()},
+			{at: 0, do: decide(overShare - 1)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking},
+			{at: 50 * ms, do: grant(15, 15, true), state: stateHeld, share: leased(15)},
+		}
+		steps = append(steps, failEachTick(100*ms, 4500*ms, 15, eCTTL, 4550*ms, leased(15))...)
+		lapsed := []req{{want: anyWant, ttl: eCTTL, running: 15, runningFor: eCTTL, held: true}}
+		run(t, table{perTick: 1, steps: append(steps,
+			step{at: 4550 * ms, do: tick(), calls: lapsed, state: stateLapsed, share: leased(15)},
+			step{at: 4550 * ms, do: fail(), state: stateLapsed, share: leased(15)},
+			step{at: 4560 * ms, do: degrade(true), state: stateLapsed, share: leased(15)},
+			step{at: 4600 * ms, do: tick(), state: stateDefault},
+			step{at: 4650 * ms, do: tick(), state: stateDefault},
+			step{at: 4660 * ms, do: degrade(false), state: stateDefault},
+			step{at: 4700 * ms, do: tick(), calls: []req{released}, state: stateReleasing},
+			step{at: 4700 * ms, do: ack(0), state: stateDefault},
+		)})
+	})
 }
 
 // exactSteps: a key that asks at 50 ms and is granted 10/s of a contended

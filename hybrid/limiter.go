@@ -47,7 +47,11 @@ type Limiter struct {
 	health    health        // owned by the loop
 	seen      *limitSet     // owned by the loop: the limits it last put in force
 	resettle  atomic.Bool   // N changed: shares will move, settled leases renew now
-	stopWatch func()
+	// exactFailed says an exact decision got no answer from Redis since
+	// the loop last looked: the loop, which may have no lease to renew,
+	// then checks whether Redis is gone.
+	exactFailed atomic.Bool
+	stopWatch   func()
 
 	// msgr carries the asks to yield between the instances, nil when
 	// Members cannot message; in holds the asks received.
@@ -388,10 +392,16 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
 		ls.m.redisErrors.Inc()
-		// Not degraded: Redis answers the loop, so the bound holds and this
-		// one decision is denied (its share is in the pool, not here). The
-		// outage policy takes over only when the limit degrades; the loop
-		// then moves the key back to its default share.
+		if !global.IsReplyError(err) {
+			// Redis may be gone. The loop checks at its next tick, which
+			// degrades every limit if it is: a limit whose keys are all
+			// exact has no renewal to tell it.
+			l.exactFailed.Store(true)
+		}
+		// Not degraded: this one decision is denied (its share is in the
+		// pool, not here), which keeps the bound. The outage policy takes
+		// over only when the limit degrades; the loop then moves the key
+		// back to its default share.
 		return Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}, nil
 	}
 	if !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never {

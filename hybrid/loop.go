@@ -141,12 +141,27 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 	if l.msgr != nil {
 		b.out2.flush(l.msgr)
 	}
+	suspect := l.exactFailed.Swap(false)
 	switch {
 	case len(b.reqs) > 0:
 		l.renew(now, b)
 	case probe:
 		l.probe(set)
+	case suspect:
+		l.check()
 	}
+}
+
+// check degrades every limit that uses Redis if Redis does not answer a
+// PING: an exact decision failed, and no renewal is on its way to tell.
+// Decisions then stop waiting on Redis (invariant 3) and follow their
+// policies, until a probe finds Redis back.
+func (l *Limiter) check() {
+	if err := l.ping(); err != nil {
+		l.setAllDegraded(true, &cause{err: err})
+		return
+	}
+	l.health.ok(time.Now())
 }
 
 // yield hands the asks to yield that peers sent since the last tick to the

@@ -23,9 +23,9 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 		name      string
 		instances int
 		keys      int
-		rate  float64 // per key
-		burst int
-		skew  bool
+		rate      float64 // per key
+		burst     int
+		skew      bool
 		// floor is the least ratio to the exact bucket: invariant 2's 95%,
 		// except where version 2 is known to fall short of it.
 		floor float64

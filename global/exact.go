@@ -88,6 +88,15 @@ func (r *ExactRequest) validate() error {
 // Take.PoolBurst); RetryAfter is Never when r.N exceeds the pool's burst or
 // its rate is 0, so a caller may ask again once the leases have shrunk.
 //
+// Denials in a row are given turns: each RetryAfter is one take's refill
+// (r.N tokens at the pool's rate) after the one before it, from when the
+// tokens would first be there, at most r.Instances turns ahead. A caller
+// that caches its denial until then (as the hybrid package does) leaves
+// the next tokens to the one whose turn it is, so that a key whose
+// requests land on every instance costs about one call per admission
+// rather than one per instance. The turns are hints only: tokens go to
+// whoever asks first.
+//
 // An invalid request returns an error wrapping ErrInvalid without calling
 // Redis. Any other error means Redis could not decide; the Take is then
 // zero.

@@ -114,6 +114,19 @@ elseif take > pool_burst + eps or not (pool_rate > 0) then
   retry = -1
 else
   retry = math.ceil((take - tokens) * 1000000 / pool_rate)
+  -- Denials in a row are told to come back one after another, one take's
+  -- refill apart, rather than all when the next tokens are there: each
+  -- caches its denial until its turn, so that a key sprayed over the
+  -- instances costs about one script per admission, not one per instance.
+  -- Only the hint moves: the tokens go to whoever asks first. At most n
+  -- turns are handed out ahead, one per instance.
+  local step = math.ceil(take * 1000000 / pool_rate)
+  local at = now + retry
+  if h.queue ~= nil then
+    at = math.min(math.max(at, h.queue + step), now + retry + (n - 1) * step)
+  end
+  retry = at - now
+  redis.call('HSET', key, 'q', string.format('%d', at))
 end
 
 redis.call('HSET', key, self_x, string.format('%d', expiry),
@@ -121,7 +134,7 @@ redis.call('HSET', key, self_x, string.format('%d', expiry),
 -- The hash lives as long as its latest record, and until the pool would be
 -- full again: a missing pool is treated as full (exact bursts) or as the
 -- joiner's own tokens.
-local last = math.max(h.last, expiry)
+local last = math.max(h.last, expiry, h.queue or 0)
 if pool_rate > 0 then
   last = math.max(last, now + math.ceil((pool_burst - tokens) * 1000000 / pool_rate))
 end

@@ -206,3 +206,59 @@ func TestTakeExactNoScript(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTakeExactTurns: exact users denied one after another are told to come
+// back one refill apart, in the order they were denied, rather than all
+// when the next token is there; each that comes back at its turn is
+// admitted; and no turn is handed out more than N-hat refills ahead.
+func TestTakeExactTurns(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	ctx := context.Background()
+	// A token every 50 ms. A burst of 4 keeps the tokens that refill while
+	// a caller that came back late takes its own: at burst 1 that lateness
+	// would shift every later turn.
+	const rate, burst, n = 20.0, 4, 4
+	step := time.Duration(float64(time.Second) / rate)
+	takeN := func(inst string, tokens int) global.Take {
+		t.Helper()
+		got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "turns", Key: "k", Instance: inst,
+			Rate: rate, Burst: burst, Instances: n, N: tokens, TTL: 10 * time.Second, ExactBursts: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	take := func(inst string) global.Take { t.Helper(); return takeN(inst, 1) }
+	if got := takeN("a", burst); !got.Allowed {
+		t.Fatalf("the first take empties a full pool: %+v", got)
+	}
+	insts := []string{"b", "c", "d"}
+	at := map[string]time.Time{}
+	var last time.Duration
+	for i, inst := range insts {
+		got := take(inst)
+		if got.Allowed {
+			t.Fatalf("%s: admitted from an empty pool: %+v", inst, got)
+		}
+		// Each turn is a refill after the one before, give or take the
+		// time between the calls.
+		if i > 0 && (got.RetryAfter < last+step/2 || got.RetryAfter > last+step+step/2) {
+			t.Errorf("%s: RetryAfter %v after %v: want the next turn, about %v later", inst, got.RetryAfter, last, step)
+		}
+		last = got.RetryAfter
+		at[inst] = time.Now().Add(got.RetryAfter)
+	}
+	// More denials than instances: the turns stop N-hat refills ahead.
+	for range 3 * n {
+		if got := take("e"); got.Allowed || got.RetryAfter > time.Duration(n+1)*step {
+			t.Fatalf("e: %+v: want a denial within %d refills", got, n+1)
+		}
+	}
+	for _, inst := range insts {
+		time.Sleep(time.Until(at[inst])) // its turn: the time Redis named
+		if got := take(inst); !got.Allowed {
+			t.Errorf("%s came back at its turn and was denied: %+v", inst, got)
+		}
+	}
+}

@@ -103,6 +103,7 @@ type hashState struct {
 	exact  map[string]int64      // exact users' record expiry (us), by instance
 	pool   string                // the pool, "" if none
 	lost   int64                 // until when Redis lost leases, 0 if not
+	queue  int64                 // the latest turn an exact denial handed out (us), 0 if none
 }
 
 // readHash reads the hash at key and the server time in one step.
@@ -128,12 +129,14 @@ func readHash(rdb *redis.Client, key string) (hashState, error) {
 			h.pool = val
 		case id == "lost":
 			h.lost, err = strconv.ParseInt(val, 10, 64)
+		case id == "q":
+			h.queue, err = strconv.ParseInt(val, 10, 64)
 		case strings.HasPrefix(id, "x:"):
 			h.exact[id[2:]], err = strconv.ParseInt(val, 10, 64)
 		case strings.HasPrefix(id, "i:"):
 			h.leases[id[2:]], err = parseLeaseField(val)
 		default:
-			err = fmt.Errorf("want i:, x:, p or lost")
+			err = fmt.Errorf("want i:, x:, p, q or lost")
 		}
 		if err != nil {
 			return hashState{}, fmt.Errorf("lease hash field %s=%q: %w", id, val, err)

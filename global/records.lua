@@ -9,7 +9,9 @@
 --                   pool and runs nothing locally: "expiry_us";
 --   "p"             the pool, a token bucket: "tokens last_us";
 --   "lost"          until when (us) Redis is known to have lost leases
---                   that instances may still run (see lease.lua).
+--                   that instances may still run (see lease.lua);
+--   "q"             the latest time (us) an exact denial told its
+--                   instance to come back (see exact.lua).
 -- A live instance with neither an "i:" nor an "x:" record is "unrecorded":
 -- it may be running its default share, rate/n, and is counted so.
 --
@@ -71,7 +73,8 @@ end
 --   own       this instance's live lease (decoded), or nil;
 --   own_x     when this instance's live "x:" record ends, or nil;
 --   lost      until when Redis lost leases, nil if it did not or that ended;
---   pool      the pool's value, nil if there is none.
+--   pool      the pool's value, nil if there is none;
+--   queue     the "q" field's time, nil if there is none or it has passed.
 local function read_hash(fields, inst, now)
   local self, self_x = 'i:' .. inst, 'x:' .. inst
   local h = {dead = {}, wants = {}, others = 0, exact = 0, recorded = 0,
@@ -82,6 +85,13 @@ local function read_hash(fields, inst, now)
     local kind, who = string.sub(id, 1, 2), string.sub(id, 3)
     if id == 'p' then
       h.pool = v
+    elseif id == 'q' then
+      local e = tonumber(v)
+      if not e or e <= now then
+        h.dead[#h.dead + 1] = id
+      else
+        h.queue = e
+      end
     elseif id == 'lost' then
       local e = tonumber(v)
       if not e or e <= now then

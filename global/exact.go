@@ -88,14 +88,16 @@ func (r *ExactRequest) validate() error {
 // Take.PoolBurst); RetryAfter is Never when r.N exceeds the pool's burst or
 // its rate is 0, so a caller may ask again once the leases have shrunk.
 //
-// Denials in a row are given turns: each RetryAfter is one take's refill
-// (r.N tokens at the pool's rate) after the one before it, from when the
-// tokens would first be there, at most r.Instances turns ahead. A caller
-// that caches its denial until then (as the hybrid package does) leaves
-// the next tokens to the one whose turn it is, so that a key whose
-// requests land on every instance costs about one call per admission
-// rather than one per instance. The turns are hints only: tokens go to
-// whoever asks first.
+// Callers the pool cannot serve again at once are given turns: a denial's
+// RetryAfter, and an admission's Turn when it left the pool short of
+// another r.N tokens, is one take's refill (r.N tokens at the pool's rate)
+// after the turn handed out before it, from when the tokens would first be
+// there, at most r.Instances-1 refills later and fewer than the pool's
+// burst holds. A caller that waits for its turn before asking again (as
+// the hybrid package does) leaves the next tokens to the one whose turn it
+// is, so that a key whose requests land on every instance costs about one
+// call per admission rather than one per instance at each refill. Turns
+// are hints only: tokens go to whoever asks first.
 //
 // An invalid request returns an error wrapping ErrInvalid without calling
 // Redis. Any other error means Redis could not decide; the Take is then
@@ -132,7 +134,7 @@ func (s *Store) TakeExact(ctx context.Context, r ExactRequest) (Take, error) {
 
 // parseExact reads the reply of exact.lua.
 func parseExact(v any) (Take, error) {
-	f, err := replyStrings(v, 5)
+	f, err := replyStrings(v, 6)
 	if err != nil {
 		return Take{}, err
 	}
@@ -142,9 +144,10 @@ func parseExact(v any) (Take, error) {
 	}
 	rate, err1 := strconv.ParseFloat(f[3], 64)
 	burst, err2 := strconv.ParseFloat(f[4], 64)
-	if err1 != nil || err2 != nil || !finite(rate) || !finite(burst) {
+	turn, err3 := strconv.ParseInt(f[5], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || !finite(rate) || !finite(burst) || turn < 0 || (turn > 0 && !t.Allowed) {
 		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
-	t.PoolRate, t.PoolBurst = rate, burst
+	t.PoolRate, t.PoolBurst, t.Turn = rate, burst, time.Duration(turn)*time.Microsecond
 	return t, nil
 }

@@ -27,9 +27,11 @@
 -- that creates the caller's record.
 --
 -- Returns {allowed ("0"/"1"), tokens left, retry_after_us, pool_rate,
--- pool_burst}, all strings because Redis truncates Lua numbers to
+-- pool_burst, turn_us}, all strings because Redis truncates Lua numbers to
 -- integers. retry_after_us is "-1" when the tokens can never be there at
--- the current pool_rate and pool_burst.
+-- the current pool_rate and pool_burst. A denial's retry_after_us, and an
+-- admission's turn_us when it left the pool short of another take, is the
+-- caller's turn (see turn below); turn_us is "0" otherwise.
 --
 -- Invariant: as in lease.lua. The caller gives up its lease (it stopped
 -- running it before asking) and is counted as an exact user, at rate/n;
@@ -106,27 +108,44 @@ local tokens = pool_tokens(pool_rate, pool_burst)
 
 -- Fractions of a share leave rounding errors: forgive them.
 local eps = 1e-9
-local allowed, retry = '0', 0
+
+-- turn returns how long until the caller's turn to ask again, wait being
+-- how long until the pool holds its tokens. Callers that the pool cannot
+-- serve now are told to come back one after another, one take's refill
+-- apart, rather than all when the next tokens are there: each caches that
+-- until its turn, so that a key sprayed over the instances costs about
+-- one script per admission, not one per instance. Only the hint moves: the
+-- tokens go to whoever asks first. Turns reach at most n - 1 refills past
+-- wait (one per instance), and fewer than the pool's burst holds, so that
+-- the pool cannot fill up and lose tokens while every caller waits.
+-- A caller that asks again before its turn keeps it.
+local function turn(wait, size)
+  local step = math.ceil(size * 1000000 / pool_rate)
+  local ahead = math.max(0, math.min(n - 1, math.floor(pool_burst / size + eps) - 1))
+  local at = now + wait
+  if h.queue ~= nil and h.queue_by == inst then
+    at = math.max(at, h.queue)
+  elseif h.queue ~= nil then
+    at = math.min(math.max(at, h.queue + step), at + ahead * step)
+  end
+  h.queue = at
+  redis.call('HSET', key, 'q', string.format('%d %s', at, inst))
+  return at - now
+end
+
+local allowed, retry, next_turn = '0', 0, 0
 if take <= tokens + eps then
   allowed = '1'
   tokens = math.max(0, tokens - take)
+  if take > 0 and tokens + eps < 1 and pool_rate > 0 then
+    -- The caller emptied the pool: its next take, of one token as most
+    -- are, waits for its turn too.
+    next_turn = turn(math.ceil((1 - tokens) * 1000000 / pool_rate), 1)
+  end
 elseif take > pool_burst + eps or not (pool_rate > 0) then
   retry = -1
 else
-  retry = math.ceil((take - tokens) * 1000000 / pool_rate)
-  -- Denials in a row are told to come back one after another, one take's
-  -- refill apart, rather than all when the next tokens are there: each
-  -- caches its denial until its turn, so that a key sprayed over the
-  -- instances costs about one script per admission, not one per instance.
-  -- Only the hint moves: the tokens go to whoever asks first. At most n
-  -- turns are handed out ahead, one per instance.
-  local step = math.ceil(take * 1000000 / pool_rate)
-  local at = now + retry
-  if h.queue ~= nil then
-    at = math.min(math.max(at, h.queue + step), now + retry + (n - 1) * step)
-  end
-  retry = at - now
-  redis.call('HSET', key, 'q', string.format('%d', at))
+  retry = turn(math.ceil((take - tokens) * 1000000 / pool_rate), take)
 end
 
 redis.call('HSET', key, self_x, string.format('%d', expiry),
@@ -146,4 +165,5 @@ return {
   string.format('%d', retry),
   string.format('%.17g', pool_rate),
   string.format('%.17g', pool_burst),
+  string.format('%d', next_turn),
 }

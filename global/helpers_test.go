@@ -103,7 +103,7 @@ type hashState struct {
 	exact  map[string]int64      // exact users' record expiry (us), by instance
 	pool   string                // the pool, "" if none
 	lost   int64                 // until when Redis lost leases, 0 if not
-	queue  int64                 // the latest turn an exact denial handed out (us), 0 if none
+	queue  string                // the latest turn handed out, "at_us instance", "" if none
 }
 
 // readHash reads the hash at key and the server time in one step.
@@ -130,7 +130,7 @@ func readHash(rdb *redis.Client, key string) (hashState, error) {
 		case id == "lost":
 			h.lost, err = strconv.ParseInt(val, 10, 64)
 		case id == "q":
-			h.queue, err = strconv.ParseInt(val, 10, 64)
+			h.queue = val
 		case strings.HasPrefix(id, "x:"):
 			h.exact[id[2:]], err = strconv.ParseInt(val, 10, 64)
 		case strings.HasPrefix(id, "i:"):

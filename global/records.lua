@@ -10,8 +10,8 @@
 --   "p"             the pool, a token bucket: "tokens last_us";
 --   "lost"          until when (us) Redis is known to have lost leases
 --                   that instances may still run (see lease.lua);
---   "q"             the latest time (us) an exact denial told its
---                   instance to come back (see exact.lua).
+--   "q"             the latest turn exact.lua handed out: "at_us
+--                   instance", when that instance may ask again.
 -- A live instance with neither an "i:" nor an "x:" record is "unrecorded":
 -- it may be running its default share, rate/n, and is counted so.
 --
@@ -74,7 +74,8 @@ end
 --   own_x     when this instance's live "x:" record ends, or nil;
 --   lost      until when Redis lost leases, nil if it did not or that ended;
 --   pool      the pool's value, nil if there is none;
---   queue     the "q" field's time, nil if there is none or it has passed.
+--   queue     the "q" field's time, nil if there is none or it has passed;
+--   queue_by  the instance that turn is for.
 local function read_hash(fields, inst, now)
   local self, self_x = 'i:' .. inst, 'x:' .. inst
   local h = {dead = {}, wants = {}, others = 0, exact = 0, recorded = 0,
@@ -86,11 +87,12 @@ local function read_hash(fields, inst, now)
     if id == 'p' then
       h.pool = v
     elseif id == 'q' then
-      local e = tonumber(v)
+      local a, by = string.match(v, '^(%d+) (.+)$')
+      local e = tonumber(a)
       if not e or e <= now then
         h.dead[#h.dead + 1] = id
       else
-        h.queue = e
+        h.queue, h.queue_by = e, by
       end
     elseif id == 'lost' then
       local e = tonumber(v)

@@ -29,6 +29,10 @@ type Take struct {
 	// second and the capacity in tokens of the key's pool as this call
 	// computed them; zero for TakeN.
 	PoolRate, PoolBurst float64
+	// Turn is, for an admission by TakeExact that left the pool short of
+	// another take of the same size, how long until this caller's turn to
+	// take again (see TakeExact); zero otherwise, and always for TakeN.
+	Turn time.Duration
 }
 
 // TakeN runs the classic atomic token bucket of (limit, key) in Redis: it

@@ -198,3 +198,35 @@ func TestExactConcurrentCallers(t *testing.T) {
 		t.Errorf("%d admitted in about 2 s, above the limit", admitted)
 	}
 }
+
+// TestExactSprayedCostsAboutOneScriptPerAdmission is invariant 4's exact
+// bound where it costs the most: a key whose requests are sprayed over
+// four instances at three times its limit, decided exactly. Redis hands the denied instances turns one refill
+// apart, so each refill costs about one script, not one per instance: at
+// most 1.5 scripts per admission, where turns all at the next refill cost
+// about one per instance. It also admits what one exact bucket would.
+func TestExactSprayedCostsAboutOneScriptPerAdmission(t *testing.T) {
+	srv := redistest.Start(t)
+	const rate, burst, instances = 40.0, 8, 4
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	inst := cluster(t, srv, instances, nil, lim)
+	per := []float64{3 * rate / instances, 3 * rate / instances, 3 * rate / instances, 3 * rate / instances}
+	const warmup = time.Second
+	drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: per, duration: warmup})
+	c0 := scripts(t, srv)
+	o := drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: per, duration: 5 * time.Second})
+	sent := scripts(t, srv) - c0
+	admitted := total(o.admitted)
+	ref := exact(rate, burst, o.arrivals["k"], 0)
+	t.Logf("%d decisions, %d admitted (exact bucket %d), %d scripts: %.2f per admission, sources %v",
+		o.decided, admitted, ref, sent, float64(sent)/float64(admitted), o.sources)
+	if o.sources[hybrid.SourceGlobal] < o.decided*9/10 {
+		t.Fatalf("sources %v: want the key decided in the exact placement", o.sources)
+	}
+	if float64(sent) > 1.5*float64(admitted) {
+		t.Errorf("%d scripts for %d admissions: want at most 1.5 per admission", sent, admitted)
+	}
+	if float64(admitted) < 0.95*float64(ref) {
+		t.Errorf("admitted %d, under 95%% of the exact bucket's %d", admitted, ref)
+	}
+}

@@ -404,8 +404,13 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// back to its default share.
 		return Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}, nil
 	}
-	if !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never {
+	switch {
+	case !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never:
 		ls.loc.SetHold(key, now.Add(t.RetryAfter))
+	case t.Allowed && t.Turn > 0:
+		// This admission emptied the pool: the next tokens are for the
+		// callers whose turns come first.
+		ls.loc.SetHold(key, now.Add(t.Turn))
 	}
 	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
 	if d.RetryAfter == Never {

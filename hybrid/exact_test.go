@@ -200,11 +200,12 @@ func TestExactConcurrentCallers(t *testing.T) {
 }
 
 // TestExactSprayedCostsAboutOneScriptPerAdmission is invariant 4's exact
-// bound where it costs the most: a key whose requests are sprayed over
-// four instances at three times its limit, decided exactly. Redis hands the denied instances turns one refill
-// apart, so each refill costs about one script, not one per instance: at
-// most 1.5 scripts per admission, where turns all at the next refill cost
-// about one per instance. It also admits what one exact bucket would.
+// bound where it costs the most: a key whose requests are sprayed over four
+// instances at three times its limit, decided exactly. Redis hands the
+// instances that must wait turns one refill apart, so each refill costs
+// about one script: at most 1.5 per admission, where retries all at the
+// next refill cost one per decision here (3 per admission). It also admits
+// what one exact bucket would.
 func TestExactSprayedCostsAboutOneScriptPerAdmission(t *testing.T) {
 	srv := redistest.Start(t)
 	const rate, burst, instances = 40.0, 8, 4

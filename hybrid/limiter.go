@@ -252,9 +252,11 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // decision, and a Hybrid decision on a key in the exact placement (a key
 // whose split would lose accuracy, or any key of a limit with ExactBursts
 // until it moves to a lease), is one Redis round trip, bounded by
-// Config.RedisTimeout and by ctx; while a limit is degraded none waits. A
-// denial in the exact placement is cached: later requests on that key are
-// denied in process until the time Redis said tokens would be there. A denial is a
+// Config.RedisTimeout and by ctx; while a limit is degraded none waits. An
+// exact denial, and an exact admission that left the key's pool empty, is
+// followed by a hold: later requests on that key are denied in process
+// until the turn Redis gave this instance (when tokens would be there for
+// it, the instances that must wait taking turns). A denial is a
 // Decision with Allowed false, not an error. AllowN returns an error for an
 // unknown limit (ErrUnknownLimit), n below 1 (ErrInvalidN), after Close
 // (ErrClosed), or when ctx ends during a Global decision. When n exceeds the

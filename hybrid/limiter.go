@@ -207,7 +207,25 @@ func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
 }
 
 // lookup returns the named limit as configured now, or nil.
-func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().byName[limit] }
+func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().get(limit) }
+
+// scanLimits is the most limits a set finds by comparing names in order
+// rather than in its map: a map hashes the name on every lookup, which costs
+// more than comparing a few short names (mostly their lengths).
+const scanLimits = 8
+
+// get returns the named limit of s, or nil.
+func (s *limitSet) get(name string) *limitEntry {
+	if len(s.order) <= scanLimits {
+		for _, e := range s.order {
+			if e.Name == name {
+				return e
+			}
+		}
+		return nil
+	}
+	return s.byName[name]
+}
 
 // checkCredentials checks Redis once (Store.Check: a PING and a script
 // probe), within RedisTimeout, so that a wrong

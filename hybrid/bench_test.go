@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
@@ -34,10 +35,18 @@ func benchKeyList(n int) []string {
 }
 
 // benchLimiter starts a Limiter with the one limit benchLimit of mode m on a
-// single static instance, closed in b.Cleanup. rdb may be nil for Local.
+// single static instance, closed in b.Cleanup. srv may be nil for Local.
 func benchLimiter(b *testing.B, srv *redistest.Server, m hybrid.Mode) *hybrid.Limiter {
 	b.Helper()
+	return benchLimiterWith(b, srv, m, nil)
+}
+
+// benchLimiterWith is benchLimiter with its metrics registered with reg
+// (nil: none).
+func benchLimiterWith(b *testing.B, srv *redistest.Server, m hybrid.Mode, reg prometheus.Registerer) *hybrid.Limiter {
+	b.Helper()
 	cfg := hybrid.Config{
+		Registerer: reg,
 		Members: membership.NewStatic("bench-1", 1),
 		Limits: []hybrid.Limit{{
 			Name: benchLimit, Rate: benchRate, Burst: benchBurst, Mode: m, OnOutage: hybrid.FailLocal,
@@ -335,6 +344,14 @@ func BenchmarkAllow(b *testing.B) {
 		benchLoop(b, l, thousand)
 		benchCheck(b, l)
 	})
+	// With metrics: every decision is counted, as in a service that
+	// exports them.
+	b.Run("mode=hybrid/share/keys=1000/metrics", func(b *testing.B) {
+		b.ReportAllocs()
+		l := benchLimiterWith(b, srv, hybrid.Hybrid, prometheus.NewRegistry())
+		benchLoop(b, l, thousand)
+		benchCheck(b, l)
+	})
 	b.Run("mode=global/keys=1", func(b *testing.B) {
 		b.ReportAllocs()
 		l := benchLimiter(b, srv, hybrid.Global)
@@ -368,4 +385,25 @@ func BenchmarkAllow(b *testing.B) {
 		b.StopTimer()
 		benchCheck(b, l)
 	})
+	for _, metrics := range []bool{false, true} {
+		name := "mode=hybrid/share/parallel"
+		if metrics {
+			name += "/metrics"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			var reg prometheus.Registerer
+			if metrics {
+				reg = prometheus.NewRegistry()
+			}
+			l := benchLimiterWith(b, srv, hybrid.Hybrid, reg)
+			ctx := context.Background()
+			benchParallel(b, thousand, func(key string) (bool, error) {
+				d, err := l.Allow(ctx, benchLimit, key)
+				return d.Allowed, err
+			})
+			b.StopTimer()
+			benchCheck(b, l)
+		})
+	}
 }

@@ -47,7 +47,7 @@ func benchLimiterWith(b *testing.B, srv *redistest.Server, m hybrid.Mode, reg pr
 	b.Helper()
 	cfg := hybrid.Config{
 		Registerer: reg,
-		Members: membership.NewStatic("bench-1", 1),
+		Members:    membership.NewStatic("bench-1", 1),
 		Limits: []hybrid.Limit{{
 			Name: benchLimit, Rate: benchRate, Burst: benchBurst, Mode: m, OnOutage: hybrid.FailLocal,
 		}},

@@ -257,7 +257,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.fail(w, r, err)
 		return
 	}
-	d, err := m.l.decide(r.Context(), ls, key, n)
+	var d Decision
+	err = m.l.decide(r.Context(), ls, key, n, &d)
 	if err != nil && !errors.Is(err, ErrExceedsBurst) {
 		m.fail(w, r, err)
 		return

@@ -211,7 +211,25 @@ func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
 }
 
 // lookup returns the named limit as configured now, or nil.
-func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().byName[limit] }
+func (l *Limiter) lookup(limit string) *limitEntry { return l.set.Load().get(limit) }
+
+// scanLimits is the most limits a set finds by comparing names in order
+// rather than in its map: a map hashes the name on every lookup, which costs
+// more than comparing a few short names (mostly their lengths).
+const scanLimits = 8
+
+// get returns the named limit of s, or nil.
+func (s *limitSet) get(name string) *limitEntry {
+	if len(s.order) <= scanLimits {
+		for _, e := range s.order {
+			if e.Name == name {
+				return e
+			}
+		}
+		return nil
+	}
+	return s.byName[name]
+}
 
 // checkCredentials checks Redis once (Store.Check: a PING and a script
 // probe), within RedisTimeout, so that a wrong
@@ -269,12 +287,13 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 //
 // A limit changed by SetLimits decides by its new Limit from the moment
 // SetLimits returns; a removed one returns ErrUnknownLimit.
-func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (Decision, error) {
+func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (d Decision, err error) {
 	ls, err := l.entry(limit)
 	if err != nil {
 		return Decision{}, err
 	}
-	return l.decide(ctx, ls, key, n)
+	err = l.decide(ctx, ls, key, n, &d)
+	return d, err
 }
 
 // entry returns the named limit as configured now, ErrClosed after Close,
@@ -290,94 +309,138 @@ func (l *Limiter) entry(limit string) (*limitEntry, error) {
 	return ls, nil
 }
 
-// decide is AllowN under the limit ls.
-func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int) (Decision, error) {
+// decide is AllowN under the limit ls: it sets *d to the decision, or
+// returns the error.
+//
+// Local decisions, and Hybrid ones in the share and lease placements, are
+// the hot path: they are decided here, in one frame, and their Decision is
+// written once, field by field, from values held in registers. A Decision
+// or a local.Result has more than four fields, so the compiler keeps one in
+// memory: returned by value from function to function, every copy of it
+// cost a store-forwarding stall, together about a fifth of the decision.
+func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int, d *Decision) error {
 	if n < 1 {
-		return Decision{}, fmt.Errorf("%w: got %d", ErrInvalidN, n)
+		return fmt.Errorf("%w: got %d", ErrInvalidN, n)
 	}
 	if n > ls.Burst {
-		d := Decision{RetryAfter: Never, Source: SourceLocal}
-		switch ls.Mode {
-		case Global:
-			d.Source = SourceGlobal
-		case Hybrid:
-			d.Source = SourceLease
-		}
-		if ls.count {
-			ls.m.decisions[d.Source][0].Inc()
-		}
-		if ls.Shadow {
-			return shadowed(d), nil
-		}
-		return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, ls.Name, n, ls.Burst)
+		var err error
+		*d, err = l.exceedsBurst(ls, n)
+		return err
 	}
-	var d Decision
+	if ls.Mode == Global {
+		g, err := l.global(ctx, ls, key, n)
+		if err != nil {
+			return err
+		}
+		*d = ls.finish(g)
+		return nil
+	}
+	now := time.Now()
+	var r local.Result
+	ls.loc.AllowNInto(now, key, n, &r)
+	allowed, remaining, wait := r.Allowed, r.Remaining, r.RetryAfter
+	src := SourceLocal
+	if ls.Mode == Hybrid {
+		degraded := ls.degraded.Load()
+		switch {
+		case r.Mark == markExact:
+			m, err := l.marked(ctx, ls, key, n, now, r.Hold, degraded)
+			if err == nil {
+				*d = m
+			}
+			return err
+		case r.Assigned:
+			src = SourceLease
+		case !degraded || ls.OnOutage == FailLocal:
+			// The default share (a key without a record, which Redis
+			// counts at that share), or the smaller of a lapsed grant and
+			// that share (which Redis counts too: the grant until its
+			// record ends, the default share after that), or FailLocal. A
+			// key whose requests fail while Redis answers stays here: it
+			// is counted.
+		default:
+			*d = ls.finish(l.policy(ls))
+			return nil
+		}
+		if wait == Never && !degraded {
+			// n is within the limit's burst (decide checked) but above
+			// this instance's part of it: that part follows the key's
+			// lease, which a renewal may grow, so look again after one
+			// rather than never.
+			wait = l.cfg.ContendedTTL / renewDivisor
+		}
+	}
+	if ls.count {
+		ls.m.decisions[src][b2i(allowed)].Inc()
+	}
+	shadow := !allowed && ls.Shadow
+	if shadow {
+		allowed, wait = true, 0 // as shadowed makes it
+	}
+	d.Allowed, d.Remaining, d.RetryAfter, d.Source, d.Shadowed = allowed, remaining, wait, src, shadow
+	return nil
+}
+
+// exceedsBurst is the decision on n tokens under ls when n exceeds the
+// limit's burst: a denial that waiting can never turn, with
+// ErrExceedsBurst unless the limit is in shadow mode.
+func (l *Limiter) exceedsBurst(ls *limitEntry, n int) (Decision, error) {
+	d := Decision{RetryAfter: Never, Source: SourceLocal}
 	switch ls.Mode {
-	case Local:
-		d = fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal)
-	case Hybrid:
-		var err error
-		if d, err = l.hybrid(ctx, ls, key, n); err != nil {
-			return Decision{}, err
-		}
 	case Global:
-		var err error
-		if d, err = l.global(ctx, ls, key, n); err != nil {
+		d.Source = SourceGlobal
+	case Hybrid:
+		d.Source = SourceLease
+	}
+	if ls.count {
+		ls.m.decisions[d.Source][0].Inc()
+	}
+	if ls.Shadow {
+		return shadowed(d), nil
+	}
+	return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, ls.Name, n, ls.Burst)
+}
+
+// marked decides n tokens of key under the Hybrid limit ls, whose local
+// limiter marked the key as in the exact placement at now (hold is its deny
+// cache, see exact): with one script against the key's pool in Redis, or,
+// while the limit is degraded, by the outage policy.
+func (l *Limiter) marked(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, hold time.Duration, degraded bool) (Decision, error) {
+	switch {
+	case !degraded:
+		d, err := l.exact(ctx, ls, key, n, now, hold)
+		if err != nil {
 			return Decision{}, err
 		}
+		return ls.finish(d), nil
+	case ls.OnOutage == FailLocal:
+		// Degraded a moment ago: the loop moves the key back to its default
+		// share at its next tick.
+		return ls.finish(Decision{RetryAfter: l.cfg.Tick, Source: SourceLocal}), nil
+	default:
+		return ls.finish(l.policy(ls)), nil
 	}
+}
+
+// finish counts decision d under ls and returns it as the caller gets it:
+// a denial of a limit in shadow mode comes back shadowed.
+func (ls *limitEntry) finish(d Decision) Decision {
 	if ls.count {
 		ls.m.decisions[d.Source][b2i(d.Allowed)].Inc()
 	}
 	if ls.Shadow && !d.Allowed {
-		return shadowed(d), nil
+		return shadowed(d)
 	}
-	return d, nil
-}
-
-// hybrid decides n tokens of key under the Hybrid limit ls: in process in
-// the share and lease placements, with one script against the key's pool
-// in Redis in the exact one.
-func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int) (Decision, error) {
-	now := time.Now()
-	r := ls.loc.AllowN(now, key, n)
-	degraded := ls.degraded.Load()
-	var d Decision
-	switch {
-	case r.Mark == markExact && !degraded:
-		return l.exact(ctx, ls, key, n, now, r)
-	case r.Mark == markExact && ls.OnOutage == FailLocal:
-		// Degraded a moment ago: the loop moves the key back to its default
-		// share at its next tick.
-		return Decision{RetryAfter: l.cfg.Tick, Source: SourceLocal}, nil
-	case r.Assigned:
-		d = fromLocal(r, SourceLease)
-	case !degraded || ls.OnOutage == FailLocal:
-		// The default share (a key without a record, which Redis counts at
-		// that share), or the smaller of a lapsed grant and that share
-		// (which Redis counts too: the grant until its record ends, the
-		// default share after that), or FailLocal. A key whose requests
-		// fail while Redis answers stays here: it is counted.
-		d = fromLocal(r, SourceLocal)
-	default:
-		return l.policy(ls), nil
-	}
-	if d.RetryAfter == Never && !degraded {
-		// n is within the limit's burst (AllowN checked) but above this
-		// instance's part of it: that part follows the key's lease, which
-		// a renewal may grow, so look again after one rather than never.
-		d.RetryAfter = l.cfg.ContendedTTL / renewDivisor
-	}
-	return d, nil
+	return d
 }
 
 // exact decides n tokens of key, in the exact placement, with one script
-// against the key's pool, bounded by RedisTimeout; r is the local decision,
-// which carries the deny cache: a denial that said "nothing until t" is
-// repeated here until t.
-func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, r local.Result) (Decision, error) {
-	if r.Hold > 0 {
-		return Decision{RetryAfter: r.Hold, Source: SourceGlobal}, nil
+// against the key's pool, bounded by RedisTimeout; hold is the local
+// limiter's deny cache: a denial that said "nothing until t" is repeated
+// here until t, and hold is what is left of it at now.
+func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, hold time.Duration) (Decision, error) {
+	if hold > 0 {
+		return Decision{RetryAfter: hold, Source: SourceGlobal}, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	t, err := l.store.TakeExact(cctx, global.ExactRequest{

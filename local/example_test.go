@@ -64,6 +64,25 @@ func ExampleLimiter_AllowN() {
 	// t=1s n=6: allowed=false remaining=5 retry=never
 }
 
+func ExampleLimiter_AllowNInto() {
+	// 10 tokens/s with bursts of 2 on a single instance.
+	l, err := local.New(local.Config{Limit: 10, Burst: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// One Result, written over by every decision: on a hot path this
+	// saves copying it on the way back.
+	var r local.Result
+	for i := range 3 {
+		l.AllowNInto(t0, "user-42", 1, &r)
+		fmt.Printf("request %d: allowed=%v remaining=%d retry=%v\n", i+1, r.Allowed, r.Remaining, r.RetryAfter)
+	}
+	// Output:
+	// request 1: allowed=true remaining=1 retry=0s
+	// request 2: allowed=true remaining=0 retry=0s
+	// request 3: allowed=false remaining=0 retry=100ms
+}
+
 func ExampleSplit() {
 	// 100 tokens/s with bursts of 10 over 3 instances: the burst is rounded
 	// down.

@@ -148,14 +148,14 @@ type shard struct {
 }
 
 // An entry is one key. Its times are offsets from the shard's base, 8 bytes
-// each where a time.Time takes 24, which keeps the entry in the 144-byte
-// size class: lim takes 80 bytes, key 16, the five int64 fields 40 and the
-// flags 2. Up to 6 more bytes of flags fit before the next class (160
-// bytes); TestEntrySize guards it. Every field is guarded by the shard's mu.
+// each where a time.Time takes 24, which keeps the entry in the 96-byte
+// size class: b takes 32 bytes, key 16, the five int64 fields 40 and the
+// flags 8. Another field moves it to the next class (112 bytes);
+// TestEntrySize guards it. Every field is guarded by the shard's mu.
 type entry struct {
-	lim       rate.Limiter // by value: one allocation per key, not two
+	b         bucket // by value: one allocation per key, not two
 	key       string
-	last      time.Duration // latest time fed to lim; never moves backwards
+	last      time.Duration // latest time fed to b; never moves backwards
 	created   time.Duration // time of the key's first decision
 	seen      time.Duration // time of the key's latest decision
 	until     time.Duration // when the assigned share ends, if assigned
@@ -229,9 +229,21 @@ func (l *Limiter) Allow(t time.Time, key string) Result { return l.AllowN(t, key
 // AllowN decides whether n tokens may be taken from key at time t, creating
 // the key at the default share if it is new. n must be at least 1; a smaller
 // n is denied. Deciding on an existing key does not allocate.
-func (l *Limiter) AllowN(t time.Time, key string, n int) Result {
+func (l *Limiter) AllowN(t time.Time, key string, n int) (r Result) {
+	l.AllowNInto(t, key, n, &r)
+	return r
+}
+
+// AllowNInto is AllowN, writing the result to *r instead of returning it.
+// It is for callers on a hot path: a Result has too many fields for the
+// compiler to keep in registers, so one returned by value is copied through
+// memory on the way, and that copy stalls the processor (a load that spans
+// several smaller stores cannot be forwarded from them) for a few
+// nanoseconds, a noticeable part of a decision. *r is overwritten whole.
+func (l *Limiter) AllowNInto(t time.Time, key string, n int, r *Result) {
 	if n < 1 {
-		return Result{RetryAfter: math.MaxInt64}
+		*r = Result{RetryAfter: math.MaxInt64}
+		return
 	}
 	sh, h := l.shard(key)
 	sh.mu.Lock()
@@ -243,29 +255,33 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) Result {
 	now := t.Sub(sh.base)
 	if now < e.last {
 		now = e.last
-		t = sh.base.Add(now)
 	}
 	e.last, e.seen = now, now
 	e.attempted += int64(n)
 	if e.mark != 0 {
-		r := l.marked(e, now)
+		*r = l.marked(e, now)
 		sh.mu.Unlock()
-		return r
+		return
 	}
 	if e.assigned && now >= e.until {
-		l.expire(e, t)
+		l.expire(e, now)
 	}
-	r := Result{Allowed: e.lim.AllowN(t, n), Assigned: e.assigned, Flagged: e.flagged}
-	tokens := e.lim.TokensAt(t)
+	ok, tokens := e.b.allowN(now, n)
+	// The result is written once, field by field, from values in
+	// registers (see AllowNInto): building it elsewhere and copying it in
+	// would cost the stall AllowNInto is there to save.
+	var remaining int64
 	if tokens > 0 {
-		r.Remaining = int64(tokens)
+		remaining = int64(tokens)
 	}
-	if !r.Allowed {
-		r.RetryAfter = e.retryAfter(tokens, n)
+	var wait time.Duration
+	if !ok {
+		wait = e.retryAfter(tokens, n)
 		e.denied += uint32(n)
 	}
+	r.Allowed, r.Remaining, r.RetryAfter = ok, remaining, wait
+	r.Assigned, r.Flagged, r.Mark, r.Hold = e.assigned, e.flagged, 0, 0
 	sh.mu.Unlock()
-	return r
 }
 
 // marked is the result of a decision on the marked key e at offset now:
@@ -278,14 +294,14 @@ func (l *Limiter) marked(e *entry, now time.Duration) Result {
 	return r
 }
 
-// expire ends e's assigned share at t: it lapses to the smaller of that
-// share and the default. Requires the shard's mu held. It is a function of
-// its own to keep the decision's frame small; so is retryAfter.
-func (l *Limiter) expire(e *entry, t time.Time) { e.lapse(t, l.Default()) }
+// expire ends e's assigned share at offset now: it lapses to the smaller
+// of that share and the default. Requires the shard's mu held. It is a
+// function of its own to keep the decision's frame small; so is retryAfter.
+func (l *Limiter) expire(e *entry, now time.Duration) { e.lapse(now, l.Default()) }
 
 // retryAfter is how long until e's tokens grow to n. Requires the shard's mu held.
 func (e *entry) retryAfter(tokens float64, n int) time.Duration {
-	return retryAfter(e.lim.Limit(), e.lim.Burst(), tokens, n)
+	return retryAfter(e.b.limit, e.b.burst, tokens, n)
 }
 
 // retryAfter is how long until tokens grows to n at rate lim.
@@ -313,56 +329,56 @@ func (l *Limiter) insert(sh *shard, h uint64, key string, t time.Time) *entry {
 	p := l.params.Load()
 	def := p.def
 	now := t.Sub(sh.base)
-	// A new rate.Limiter has never been advanced, so it starts full. It is
-	// copied before its first use.
-	e := &entry{lim: *rate.NewLimiter(def.Limit, def.Burst), key: key, last: now, created: now, seen: now, mark: p.mark}
+	e := &entry{b: newBucket(def, now), key: key, last: now, created: now, seen: now, mark: p.mark}
 	sh.keys.put(h, e)
 	return e
 }
 
-// advance clamps t so that the times fed to e.lim never move backwards, and
-// returns the time to feed and its offset from sh.base. Requires sh.mu held.
-func (sh *shard) advance(e *entry, t time.Time) (time.Time, time.Duration) {
+// advance clamps t so that the times fed to e's bucket never move
+// backwards, and returns the offset from sh.base to feed. Requires sh.mu
+// held.
+func (sh *shard) advance(e *entry, t time.Time) time.Duration {
 	now := t.Sub(sh.base)
 	if now < e.last {
-		return sh.base.Add(e.last), e.last
+		return e.last
 	}
 	e.last = now
-	return t, now
+	return now
 }
 
 // time returns the instant at offset d from sh.base.
 func (sh *shard) time(d time.Duration) time.Time { return sh.base.Add(d) }
 
-// fallBack moves e back to the default share. Requires the shard's mu held.
-func (e *entry) fallBack(t time.Time, def Share) {
+// fallBack moves e back to the default share at offset now. Requires the
+// shard's mu held.
+func (e *entry) fallBack(now time.Duration, def Share) {
 	e.assigned, e.lapsed = false, false
 	e.until = 0
-	e.setShare(t, def)
+	e.setShare(now, def)
 }
 
-// lapse ends e's assigned share at t: it runs the smaller of that share and
-// def until Unassign. Requires the shard's mu held.
-func (e *entry) lapse(t time.Time, def Share) {
+// lapse ends e's assigned share at offset now: it runs the smaller of that
+// share and def until Unassign. Requires the shard's mu held.
+func (e *entry) lapse(now time.Duration, def Share) {
 	e.assigned, e.lapsed = false, true
 	e.until = 0
-	e.setShare(t, e.capped(def))
+	e.setShare(now, e.capped(def))
 }
 
 // capped is the smaller of e's share and def, rate and burst apart.
 // Requires the shard's mu held.
 func (e *entry) capped(def Share) Share {
-	return Share{Limit: min(e.lim.Limit(), def.Limit), Burst: min(e.lim.Burst(), def.Burst)}
+	return Share{Limit: min(e.b.limit, def.Limit), Burst: min(e.b.burst, def.Burst)}
 }
 
-// setShare changes the rate and burst of e at t. Requires the shard's mu
-// held.
-func (e *entry) setShare(t time.Time, s Share) {
-	if e.lim.Limit() != s.Limit {
-		e.lim.SetLimitAt(t, s.Limit)
+// setShare changes the rate and burst of e at offset now. Requires the
+// shard's mu held.
+func (e *entry) setShare(now time.Duration, s Share) {
+	if e.b.limit != s.Limit {
+		e.b.setLimit(now, s.Limit)
 	}
-	if e.lim.Burst() != s.Burst {
-		e.lim.SetBurstAt(t, s.Burst)
+	if e.b.burst != s.Burst {
+		e.b.setBurst(now, s.Burst)
 	}
 }
 
@@ -409,18 +425,18 @@ func fixShare(s Share) Share {
 
 // assign puts s in force on e from t until until. Requires sh.mu held.
 func (l *Limiter) assign(sh *shard, e *entry, t time.Time, s Share, until time.Time) {
-	t, now := sh.advance(e, t)
+	now := sh.advance(e, t)
 	if e.mark != 0 {
 		// until holds the hold of a marked key: the share waits.
 		e.assigned, e.lapsed = false, true
-		e.setShare(t, s)
+		e.setShare(now, s)
 		return
 	}
 	e.assigned, e.lapsed = true, false
 	e.until = until.Sub(sh.base)
-	e.setShare(t, s)
+	e.setShare(now, s)
 	if now >= e.until {
-		e.lapse(t, l.Default())
+		e.lapse(now, l.Default())
 	}
 }
 
@@ -453,10 +469,9 @@ func (l *Limiter) SetMark(key string, m uint8) bool {
 		e.until, e.assigned, e.lapsed = 0, false, true
 		// Whatever the key decides here starts from an empty bucket: its
 		// tokens were the caller's to spend elsewhere meanwhile.
-		t := sh.time(e.last)
-		b := e.lim.Burst()
-		e.lim.SetBurstAt(t, 0)
-		e.lim.SetBurstAt(t, b)
+		b := e.b.burst
+		e.b.setBurst(e.last, 0)
+		e.b.setBurst(e.last, b)
 	})
 }
 
@@ -478,8 +493,7 @@ func (l *Limiter) SetHold(key string, until time.Time) bool {
 // reports false if the key does not exist.
 func (l *Limiter) Unassign(t time.Time, key string) bool {
 	return l.with(key, func(sh *shard, e *entry) {
-		t, _ := sh.advance(e, t)
-		e.fallBack(t, l.Default())
+		e.fallBack(sh.advance(e, t), l.Default())
 	})
 }
 
@@ -572,11 +586,9 @@ func (l *Limiter) set(t time.Time, p *params) {
 		sh.keys.each(func(e *entry) {
 			switch {
 			case e.lapsed:
-				t, _ := sh.advance(e, t)
-				e.setShare(t, e.capped(s))
+				e.setShare(sh.advance(e, t), e.capped(s))
 			case !e.assigned:
-				t, _ := sh.advance(e, t)
-				e.setShare(t, s)
+				e.setShare(sh.advance(e, t), s)
 			}
 		})
 		sh.mu.Unlock()
@@ -601,7 +613,7 @@ func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
 				Created:   sh.time(e.created),
 				Assigned:  e.assigned && e.last < e.until,
 				Until:     until,
-				Share:     Share{Limit: e.lim.Limit(), Burst: e.lim.Burst()},
+				Share:     Share{Limit: e.b.limit, Burst: e.b.burst},
 				Denied:    e.denied,
 				Mark:      e.mark,
 				Lapsed:    e.lapsed,

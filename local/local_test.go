@@ -328,13 +328,13 @@ func TestConcurrentEvictionAndDecisions(t *testing.T) {
 	wg.Wait()
 }
 
-// TestEntrySize keeps an entry in the 144-byte size class, which is what
+// TestEntrySize keeps an entry in the 96-byte size class, which is what
 // holds the memory per key under twice that of a bare map of limiters. A
-// field that pushes it into the next class (160 bytes) costs 16 bytes on
+// field that pushes it into the next class (112 bytes) costs 16 bytes on
 // every key.
 func TestEntrySize(t *testing.T) {
-	if got := unsafe.Sizeof(entry{}); got > 144 {
-		t.Fatalf("an entry takes %d bytes, more than the 144-byte size class", got)
+	if got := unsafe.Sizeof(entry{}); got > 96 {
+		t.Fatalf("an entry takes %d bytes, more than the 96-byte size class", got)
 	}
 	// Shards sit on cache lines of their own, so that deciding on keys of
 	// different shards from different cores does not bounce one line.

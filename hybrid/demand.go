@@ -1,10 +1,6 @@
 package hybrid
 
-import (
-	"time"
-
-	"github.com/hybridlimit/hybridlimit/local"
-)
+import "github.com/hybridlimit/hybridlimit/local"
 
 // A key's demand is measured over the most recent window that holds at
 // least demandTokens tokens (or all its recorded history, demandSamples
@@ -24,7 +20,7 @@ type demandWindow struct {
 }
 
 type sample struct {
-	at        time.Time
+	at        instant
 	attempted int64
 	cold      bool // the key's first decision, see rate
 }
@@ -32,13 +28,13 @@ type sample struct {
 // open starts the window at the key's first decision, created: one request
 // on a new key says nothing of its rate, so it is not counted as one per
 // tick.
-func (w *demandWindow) open(created time.Time) {
+func (w *demandWindow) open(created instant) {
 	w.samples[0] = sample{at: created, cold: true}
 	w.next = 1
 }
 
 // record notes the key's Attempted counter at t.
-func (w *demandWindow) record(t time.Time, attempted int64) {
+func (w *demandWindow) record(t instant, attempted int64) {
 	w.samples[w.next] = sample{at: t, attempted: attempted}
 	w.next = (w.next + 1) % demandSamples
 }
@@ -49,7 +45,7 @@ func (w *demandWindow) record(t time.Time, attempted int64) {
 // under a quarter of what r predicts. A pulse that ended stops holding
 // its share at the next renewal, while a sparse key's want is not thrown
 // about by the gaps between its requests.
-func (w *demandWindow) falling(now time.Time, st *local.KeyStats, r float64) float64 {
+func (w *demandWindow) falling(now instant, st *local.KeyStats, r float64) float64 {
 	last := w.samples[(w.next-1+demandSamples)%demandSamples]
 	if last.at.IsZero() || !now.After(last.at) {
 		return r
@@ -65,14 +61,14 @@ func (w *demandWindow) falling(now time.Time, st *local.KeyStats, r float64) flo
 
 // restart forgets the window and starts it anew at t, with the key's
 // Attempted counter then.
-func (w *demandWindow) restart(t time.Time, attempted int64) {
+func (w *demandWindow) restart(t instant, attempted int64) {
 	clear(w.samples[:])
 	w.samples[0] = sample{at: t, attempted: attempted}
 	w.next = 1
 }
 
 // lastAt is when the latest sample was recorded.
-func (w *demandWindow) lastAt() time.Time {
+func (w *demandWindow) lastAt() instant {
 	return w.samples[(w.next-1+demandSamples)%demandSamples].at
 }
 
@@ -80,7 +76,7 @@ func (w *demandWindow) lastAt() time.Time {
 // back to the latest recorded sample that leaves at least demandTokens
 // tokens in the window, or to the oldest one. def is the key's default
 // share, the most a key with one request so far is taken to want.
-func (w *demandWindow) rate(now time.Time, st *local.KeyStats, def float64) float64 {
+func (w *demandWindow) rate(now instant, st *local.KeyStats, def float64) float64 {
 	var from sample
 	for i := 1; i <= demandSamples; i++ {
 		s := w.samples[(w.next-i+demandSamples)%demandSamples]
@@ -102,7 +98,7 @@ func (w *demandWindow) rate(now time.Time, st *local.KeyStats, def float64) floa
 	// The window opens with the key's first request: count the gaps
 	// between requests, not the requests, or a new key with a request every
 	// second looks like one with a request per tick.
-	since := now.Sub(st.Created).Seconds()
+	since := now.Sub(from.at).Seconds() // the cold sample is at st.Created
 	if st.Attempted <= 1 || !st.LastSeen.After(st.Created) {
 		return min(def, 1/since)
 	}

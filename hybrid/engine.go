@@ -341,15 +341,28 @@ func (e *engine) share(r float64) local.Share {
 // (a snapshot of the limit's keys), n being N-hat, and returns them with
 // the limit's gauges. The keys to ask the peers about are in e.asks.
 func (e *engine) collect(t time.Time, n int, stats []local.KeyStats, calls []call) ([]call, tickStats) {
-	now := e.clock.instant(t)
+	e.startTick()
 	var ts tickStats
-	def := e.rate / float64(n)
+	calls = e.collectKeys(t, n, stats, calls, &ts)
+	return calls, ts
+}
+
+// startTick readies the engine for a tick's collectKeys.
+func (e *engine) startTick() {
 	e.asks = shrink.Slice(e.asks)
 	if e.exactBursts && !e.degraded {
 		e.shares.SetNewMark(markExact)
 	} else {
 		e.shares.SetNewMark(0)
 	}
+}
+
+// collectKeys is collect for part of the keys, after startTick: the loop
+// hands it the limit's keys a shard at a time, so that its snapshot buffer
+// holds one shard's keys, not every key's. It adds the gauges to ts.
+func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls []call, ts *tickStats) []call {
+	now := e.clock.instant(t)
+	def := e.rate / float64(n)
 	for i := range stats {
 		st := &stats[i]
 		le := e.keys[st.Key]
@@ -374,7 +387,7 @@ func (e *engine) collect(t time.Time, n int, stats []local.KeyStats, calls []cal
 		calls = e.step(now, n, def, st, le, calls)
 	}
 	e.size.Grew(len(e.keys))
-	return calls, ts
+	return calls
 }
 
 // step appends the requests due at now for one key.

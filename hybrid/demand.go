@@ -16,25 +16,26 @@ const (
 // at each lease request.
 type demandWindow struct {
 	samples [demandSamples]sample // ring of (time, Attempted) at past requests
-	next    int                   // next slot of samples to write
+	next    uint8                 // next slot of samples to write
+	cold    bool                  // samples[0] is the key's first decision, see rate
 }
 
 type sample struct {
 	at        instant
 	attempted int64
-	cold      bool // the key's first decision, see rate
 }
 
 // open starts the window at the key's first decision, created: one request
 // on a new key says nothing of its rate, so it is not counted as one per
 // tick.
 func (w *demandWindow) open(created instant) {
-	w.samples[0] = sample{at: created, cold: true}
-	w.next = 1
+	w.samples[0] = sample{at: created}
+	w.next, w.cold = 1, true
 }
 
 // record notes the key's Attempted counter at t.
 func (w *demandWindow) record(t instant, attempted int64) {
+	w.cold = w.cold && w.next != 0
 	w.samples[w.next] = sample{at: t, attempted: attempted}
 	w.next = (w.next + 1) % demandSamples
 }
@@ -64,7 +65,7 @@ func (w *demandWindow) falling(now instant, st *local.KeyStats, r float64) float
 func (w *demandWindow) restart(t instant, attempted int64) {
 	clear(w.samples[:])
 	w.samples[0] = sample{at: t, attempted: attempted}
-	w.next = 1
+	w.next, w.cold = 1, false
 }
 
 // lastAt is when the latest sample was recorded.
@@ -78,12 +79,14 @@ func (w *demandWindow) lastAt() instant {
 // share, the most a key with one request so far is taken to want.
 func (w *demandWindow) rate(now instant, st *local.KeyStats, def float64) float64 {
 	var from sample
+	var fromCold bool
 	for i := 1; i <= demandSamples; i++ {
-		s := w.samples[(w.next-i+demandSamples)%demandSamples]
+		slot := (int(w.next) - i + demandSamples) % demandSamples
+		s := w.samples[slot]
 		if s.at.IsZero() {
 			break
 		}
-		from = s
+		from, fromCold = s, w.cold && slot == 0
 		if st.Attempted-s.attempted >= demandTokens {
 			break
 		}
@@ -91,7 +94,7 @@ func (w *demandWindow) rate(now instant, st *local.KeyStats, def float64) float6
 	if from.at.IsZero() || !now.After(from.at) {
 		return 0
 	}
-	if !from.cold {
+	if !fromCold {
 		r := float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
 		return w.falling(now, st, r)
 	}

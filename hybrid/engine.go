@@ -134,34 +134,36 @@ func (s keyState) String() string {
 
 // lease is this instance's view of one key's record in Redis.
 type lease struct {
-	state keyState
-	// failed: the last request for this key failed on its own. Orthogonal
-	// to state: a held grant stays in force until it ends, then lapses to
-	// at most the default share; only a degraded limit follows its policy.
-	failed bool
 	// The last grant: its rate and this instance's fair share, both in
 	// tokens per second, and whether the key's instances want more than its
 	// rate (contended). A yielded key's granted is what it kept.
 	granted, fair float64
-	contended     bool
-	stable        int     // contended renewals in a row that changed nothing
 	until         instant // local end of the grant (yielded: of the record, certainly)
 	renewAt       instant // when the next request is due
 	askedAt       instant // yielded: when a peer last asked; held: when this instance last asked its peers
 	lastWant      float64 // the want of the last request
 	sentAt        instant // when the last request went out
 	attemptedAt   int64   // the key's Attempted counter at sentAt
-	returning     bool    // releasing: the release was acknowledged; the key returns to its default share at until
-	deniedAt      uint32  // the key's Denied counter when last looked at
 	demandNow     float64 // share placement: the demand last measured, at most a second ago
-	measured      bool    // demandNow was measured over a second or more
 	quietAt       int64   // the key's Attempted counter at the last tick
-	askGap        int     // ticks after a grant that a key that asked its peers renews; 0: soonTicks
 	askedPeers    instant // when this instance last asked its peers to yield the key
-	wantsLease    bool    // yielded: its share denied a request, and it asks for a lease until granted
-	unrecorded    bool    // the last grant counted peers that hold no record at their default share: they could yield
-	recovering    bool    // went back to its default share while Redis was down: its record is released once it is back
 	demand        demandWindow
+	// The fields below are smaller than 8 bytes, and kept together so that
+	// they fill one word instead of padding one each: a lease per key.
+	stable   int32  // contended renewals in a row that changed nothing
+	askGap   int32  // ticks after a grant that a key that asked its peers renews; 0: soonTicks
+	deniedAt uint32 // the key's Denied counter when last looked at
+	state    keyState
+	// failed: the last request for this key failed on its own. Orthogonal
+	// to state: a held grant stays in force until it ends, then lapses to
+	// at most the default share; only a degraded limit follows its policy.
+	failed     bool
+	contended  bool
+	returning  bool // releasing: the release was acknowledged; the key returns to its default share at until
+	measured   bool // demandNow was measured over a second or more
+	wantsLease bool // yielded: its share denied a request, and it asks for a lease until granted
+	unrecorded bool // the last grant counted peers that hold no record at their default share: they could yield
+	recovering bool // went back to its default share while Redis was down: its record is released once it is back
 }
 
 // peersCouldYield reports whether asking the peers to yield could grow the

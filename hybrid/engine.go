@@ -134,34 +134,36 @@ func (s keyState) String() string {
 
 // lease is this instance's view of one key's record in Redis.
 type lease struct {
-	state keyState
-	// failed: the last request for this key failed on its own. Orthogonal
-	// to state: a held grant stays in force until it ends, then lapses to
-	// at most the default share; only a degraded limit follows its policy.
-	failed bool
 	// The last grant: its rate and this instance's fair share, both in
 	// tokens per second, and whether the key's instances want more than its
 	// rate (contended). A yielded key's granted is what it kept.
 	granted, fair float64
-	contended     bool
-	stable        int       // contended renewals in a row that changed nothing
-	until         time.Time // local end of the grant (yielded: of the record, certainly)
-	renewAt       time.Time // when the next request is due
-	askedAt       time.Time // yielded: when a peer last asked; held: when this instance last asked its peers
-	lastWant      float64   // the want of the last request
-	sentAt        time.Time // when the last request went out
-	attemptedAt   int64     // the key's Attempted counter at sentAt
-	returning     bool      // releasing: the release was acknowledged; the key returns to its default share at until
-	deniedAt      uint32    // the key's Denied counter when last looked at
-	demandNow     float64   // share placement: the demand last measured, at most a second ago
-	measured      bool      // demandNow was measured over a second or more
-	quietAt       int64     // the key's Attempted counter at the last tick
-	askGap        int       // ticks after a grant that a key that asked its peers renews; 0: soonTicks
-	askedPeers    time.Time // when this instance last asked its peers to yield the key
-	wantsLease    bool      // yielded: its share denied a request, and it asks for a lease until granted
-	unrecorded    bool      // the last grant counted peers that hold no record at their default share: they could yield
-	recovering    bool      // went back to its default share while Redis was down: its record is released once it is back
+	until         instant // local end of the grant (yielded: of the record, certainly)
+	renewAt       instant // when the next request is due
+	askedAt       instant // yielded: when a peer last asked; held: when this instance last asked its peers
+	lastWant      float64 // the want of the last request
+	sentAt        instant // when the last request went out
+	attemptedAt   int64   // the key's Attempted counter at sentAt
+	demandNow     float64 // share placement: the demand last measured, at most a second ago
+	quietAt       int64   // the key's Attempted counter at the last tick
+	askedPeers    instant // when this instance last asked its peers to yield the key
 	demand        demandWindow
+	// The fields below are smaller than 8 bytes, and kept together so that
+	// they fill one word instead of padding one each: a lease per key.
+	stable   int32  // contended renewals in a row that changed nothing
+	askGap   int32  // ticks after a grant that a key that asked its peers renews; 0: soonTicks
+	deniedAt uint32 // the key's Denied counter when last looked at
+	state    keyState
+	// failed: the last request for this key failed on its own. Orthogonal
+	// to state: a held grant stays in force until it ends, then lapses to
+	// at most the default share; only a degraded limit follows its policy.
+	failed     bool
+	contended  bool
+	returning  bool // releasing: the release was acknowledged; the key returns to its default share at until
+	measured   bool // demandNow was measured over a second or more
+	wantsLease bool // yielded: its share denied a request, and it asks for a lease until granted
+	unrecorded bool // the last grant counted peers that hold no record at their default share: they could yield
+	recovering bool // went back to its default share while Redis was down: its record is released once it is back
 }
 
 // peersCouldYield reports whether asking the peers to yield could grow the
@@ -202,6 +204,24 @@ type keyShares interface {
 	Unassign(t time.Time, key string) bool
 	SetMark(key string, m uint8) bool
 	SetNewMark(m uint8)
+}
+
+// instantShares is keyShares taking the engine's instants.
+type instantShares struct {
+	keyShares
+	clock *epoch
+}
+
+func (s instantShares) Assign(t instant, key string, sh local.Share, until instant) bool {
+	return s.keyShares.Assign(s.clock.time(t), key, sh, s.clock.time(until))
+}
+
+func (s instantShares) AssignNew(t instant, key string, sh local.Share, until instant) bool {
+	return s.keyShares.AssignNew(s.clock.time(t), key, sh, s.clock.time(until))
+}
+
+func (s instantShares) Unassign(t instant, key string) bool {
+	return s.keyShares.Unassign(s.clock.time(t), key)
 }
 
 // markExact is the local mark of a key in the exact placement: its
@@ -250,7 +270,8 @@ type engine struct {
 	rate            float64
 	burst           int
 	t               timings
-	shares          keyShares
+	shares          instantShares
+	clock           epoch // of every instant the engine keeps
 
 	keys map[string]*lease
 	size shrink.Tracker // of keys
@@ -264,10 +285,12 @@ type engine struct {
 }
 
 func newEngine(limit Limit, instance string, t timings, shares keyShares) *engine {
-	return &engine{
+	e := &engine{
 		limit: limit.Name, instance: instance, rate: limit.Rate, burst: limit.Burst,
-		t: t, shares: shares, keys: make(map[string]*lease), exactBursts: limit.ExactBursts,
+		t: t, keys: make(map[string]*lease), exactBursts: limit.ExactBursts,
 	}
+	e.shares = instantShares{keyShares: shares, clock: &e.clock}
+	return e
 }
 
 // callKind says what a call asks of Redis.
@@ -319,21 +342,35 @@ func (e *engine) share(r float64) local.Share {
 // collect appends to calls the requests due at now for the keys in stats
 // (a snapshot of the limit's keys), n being N-hat, and returns them with
 // the limit's gauges. The keys to ask the peers about are in e.asks.
-func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []call) ([]call, tickStats) {
+func (e *engine) collect(t time.Time, n int, stats []local.KeyStats, calls []call) ([]call, tickStats) {
+	e.startTick()
 	var ts tickStats
-	def := e.rate / float64(n)
+	calls = e.collectKeys(t, n, stats, calls, &ts)
+	return calls, ts
+}
+
+// startTick readies the engine for a tick's collectKeys.
+func (e *engine) startTick() {
 	e.asks = shrink.Slice(e.asks)
 	if e.exactBursts && !e.degraded {
 		e.shares.SetNewMark(markExact)
 	} else {
 		e.shares.SetNewMark(0)
 	}
+}
+
+// collectKeys is collect for part of the keys, after startTick: the loop
+// hands it the limit's keys a shard at a time, so that its snapshot buffer
+// holds one shard's keys, not every key's. It adds the gauges to ts.
+func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls []call, ts *tickStats) []call {
+	now := e.clock.instant(t)
+	def := e.rate / float64(n)
 	for i := range stats {
 		st := &stats[i]
 		le := e.keys[st.Key]
 		if le == nil {
-			le = &lease{sentAt: st.Created}
-			le.demand.open(st.Created)
+			le = &lease{sentAt: e.clock.instant(st.Created)}
+			le.demand.open(le.sentAt)
 			if st.Mark == markExact {
 				le.state = stateExact
 			}
@@ -352,11 +389,11 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 		calls = e.step(now, n, def, st, le, calls)
 	}
 	e.size.Grew(len(e.keys))
-	return calls, ts
+	return calls
 }
 
 // step appends the requests due at now for one key.
-func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
+func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
 	denied := st.Denied != le.deniedAt
 	le.deniedAt = st.Denied
 	if (le.state == stateDefault || le.state == stateYielded) && now.Sub(le.demand.lastAt()) >= time.Second {
@@ -444,7 +481,7 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 	if !e.due(now, st, le, def) {
 		return calls
 	}
-	if now.Sub(st.LastSeen) >= e.t.uncontendedTTL/renewDivisor {
+	if now.Sub(e.clock.instant(st.LastSeen)) >= e.t.uncontendedTTL/renewDivisor {
 		return e.idle(now, n, st, le, calls)
 	}
 	c := e.leaseCall(now, n, def, st, le)
@@ -463,7 +500,7 @@ func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le 
 // stepYielded renews a yielded key's record while its peers ask, lets it
 // go back to its default share once the record has certainly ended, and
 // asks for a lease when its own demand outgrows what it kept.
-func (e *engine) stepYielded(now time.Time, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
+func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
 	life := e.t.uncontendedTTL * yieldLife
 	switch {
 	case (denied || (le.wantsLease && !now.Before(le.renewAt))) && now.Sub(le.sentAt) > 0:
@@ -491,7 +528,7 @@ func (e *engine) stepYielded(now time.Time, n int, def float64, st *local.KeySta
 
 // stepExact moves an exact key back to its share when its demand falls
 // well below it, or asks for a lease when its demand is far above it.
-func (e *engine) stepExact(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
+func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
 	if now.Before(le.renewAt) {
 		return calls
 	}
@@ -513,7 +550,7 @@ func (e *engine) stepExact(now time.Time, n int, def float64, st *local.KeyStats
 		le.state, le.renewAt = stateLeaving, now.Add(e.t.redisTimeout+e.t.tick)
 		return calls
 	}
-	if now.Sub(st.LastSeen) < e.t.uncontendedTTL/renewDivisor && d*headroom >= def*exactLeaveBelow && !heavy {
+	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && d*headroom >= def*exactLeaveBelow && !heavy {
 		return calls
 	}
 	// Idle, or so light that its share serves it, or so heavy that a
@@ -529,7 +566,7 @@ func (e *engine) stepExact(now time.Time, n int, def float64, st *local.KeyStats
 
 // toExact moves key to the exact placement at now: it decides nothing
 // locally from then on.
-func (e *engine) toExact(now time.Time, key string, le *lease) {
+func (e *engine) toExact(now instant, key string, le *lease) {
 	e.shares.Assign(now, key, local.Share{}, now.Add(e.t.uncontendedTTL))
 	e.shares.SetMark(key, markExact)
 	le.state, le.renewAt, le.granted = stateExact, now.Add(e.t.contendedTTL), 0
@@ -537,7 +574,7 @@ func (e *engine) toExact(now time.Time, key string, le *lease) {
 
 // returned puts a released key where it lives without a record: its
 // default share, or, with exact bursts, the exact placement.
-func (e *engine) returned(now time.Time, key string, le *lease) {
+func (e *engine) returned(now instant, key string, le *lease) {
 	le.returning, le.granted = false, 0
 	if e.exactBursts && !e.degraded {
 		e.toExact(now, key, le)
@@ -549,13 +586,13 @@ func (e *engine) returned(now time.Time, key string, le *lease) {
 }
 
 // leaseCall builds the lease request of a key and records it as sent.
-func (e *engine) leaseCall(now time.Time, n int, def float64, st *local.KeyStats, le *lease) call {
+func (e *engine) leaseCall(now instant, n int, def float64, st *local.KeyStats, le *lease) call {
 	return call{req: e.renewal(now, n, st, le, def), lease: le}
 }
 
 // due reports whether a leased key's request is due at now: on schedule,
 // or early when its demand moved far from its grant.
-func (e *engine) due(now time.Time, st *local.KeyStats, le *lease, def float64) bool {
+func (e *engine) due(now instant, st *local.KeyStats, le *lease, def float64) bool {
 	elapsed := now.Sub(le.sentAt)
 	switch {
 	case elapsed <= 0:
@@ -580,14 +617,14 @@ func (e *engine) due(now time.Time, st *local.KeyStats, le *lease, def float64) 
 // idle stops renewing a key that has gone idle and releases its record.
 // The key runs the smaller of its grant and its default share until the
 // release is acknowledged: Redis may hold a smaller record of it until then.
-func (e *engine) idle(now time.Time, n int, st *local.KeyStats, le *lease, calls []call) []call {
+func (e *engine) idle(now instant, n int, st *local.KeyStats, le *lease, calls []call) []call {
 	// Decisions since the last request are not news.
 	le.attemptedAt = st.Attempted
 	if !e.exactBursts && now.Sub(le.askedAt) < e.t.uncontendedTTL*yieldLife/2 {
 		// A peer asked for this key lately: rather than take its default
 		// share back, give everything up, first here, then in Redis.
 		e.shares.Assign(now, st.Key, local.Share{}, now.Add(2*e.t.uncontendedTTL*yieldLife))
-		le.state, le.granted, le.until, le.contended, le.stable = stateYielded, 0, time.Time{}, false, 0
+		le.state, le.granted, le.until, le.contended, le.stable = stateYielded, 0, 0, false, 0
 		le.renewAt = now
 		return e.stepYielded(now, n, e.rate/float64(n), st, le, false, calls)
 	}
@@ -601,7 +638,7 @@ func (e *engine) idle(now time.Time, n int, st *local.KeyStats, le *lease, calls
 
 // renewal builds the lease request of a due key and records it as sent at
 // now.
-func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, def float64) global.LeaseRequest {
+func (e *engine) renewal(now instant, n int, st *local.KeyStats, le *lease, def float64) global.LeaseRequest {
 	want := max(le.demand.rate(now, st, def)*headroom, e.rate*minWantFraction)
 	if le.state == stateDefault || le.state == stateAsking {
 		// Its default share turned requests away: it wants more than
@@ -643,7 +680,8 @@ func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, de
 // answered puts the answer res to c, sent at sent, in force at at. It
 // reports whether the key's local limiter took a grant, and whether the
 // key had been failing until this answer.
-func (e *engine) answered(at, sent time.Time, c *call, res *global.Lease) (assigned, recovered bool) {
+func (e *engine) answered(atTime, sentTime time.Time, c *call, res *global.Lease) (assigned, recovered bool) {
+	at, sent := e.clock.instant(atTime), e.clock.instant(sentTime)
 	le := c.lease
 	recovered = e.setFailed(c.req.Key, le, false)
 	switch c.kind {
@@ -676,7 +714,7 @@ func (e *engine) answered(at, sent time.Time, c *call, res *global.Lease) (assig
 
 // granted puts a lease grant in force, or moves the key to the exact
 // placement when the grant would split the burst too finely.
-func (e *engine) granted(at, sent time.Time, c *call, res *global.Lease) bool {
+func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 	le := c.lease
 	le.wantsLease = false
 	first := le.state != stateHeld && le.granted == 0
@@ -748,7 +786,8 @@ func (e *engine) renewIn(ttl time.Duration, res *global.Lease, first, settled bo
 // key at now: a key this instance does not know is lowered to nothing, one
 // whose demand is well below its share to that demand, first here and then
 // in Redis at the next tick; a key that needs its share keeps it.
-func (e *engine) yieldAsked(now time.Time, key string, n int) {
+func (e *engine) yieldAsked(t time.Time, key string, n int) {
+	now := e.clock.instant(t)
 	if e.degraded {
 		// Nothing could be recorded, and no grant could follow.
 		return
@@ -776,7 +815,7 @@ func (e *engine) yieldAsked(now time.Time, key string, n int) {
 		if !e.shares.Assign(now, key, e.share(d), now.Add(2*life)) {
 			return
 		}
-		le.state, le.granted, le.until = stateYielded, d, time.Time{}
+		le.state, le.granted, le.until = stateYielded, d, 0
 	case le.state == stateYielded:
 	case le.state == stateHeld || le.state == stateLapsed:
 		// A lease renews at once with the demand it has now, so that what
@@ -801,7 +840,7 @@ func (e *engine) yieldAsked(now time.Time, key string, n int) {
 // smaller of that and its default share after that. It reports whether the
 // key starts failing.
 func (e *engine) failed(sent time.Time, c *call) bool {
-	c.lease.renewAt = sent.Add(e.t.tick)
+	c.lease.renewAt = e.clock.instant(sent).Add(e.t.tick)
 	return e.setFailed(c.req.Key, c.lease, true)
 }
 
@@ -835,7 +874,8 @@ func (e *engine) compact() { e.keys = shrink.Map(e.keys, &e.size) }
 
 // resettle makes every settled lease renew at now: the instance count
 // changed, so every share is about to move.
-func (e *engine) resettle(now time.Time) {
+func (e *engine) resettle(t time.Time) {
+	now := e.clock.instant(t)
 	for _, le := range e.keys {
 		if le.stable > 0 {
 			le.stable = 0
@@ -853,7 +893,8 @@ func (e *engine) setLimit(rate float64, burst int, exactBursts bool) {
 
 // renewAll makes every key that holds or asked for a lease ask again at
 // now, as a contended key whose share moved: its limit changed.
-func (e *engine) renewAll(now time.Time) {
+func (e *engine) renewAll(t time.Time) {
+	now := e.clock.instant(t)
 	for _, le := range e.keys {
 		if le.state != stateDefault {
 			le.stable = 0
@@ -865,7 +906,8 @@ func (e *engine) renewAll(now time.Time) {
 // drop appends the release of every record Redis may hold, moves every key
 // back to its default share at now and forgets them all: the limit stops
 // being Hybrid, and its keys stay.
-func (e *engine) drop(now time.Time, n int, calls []call) []call {
+func (e *engine) drop(t time.Time, n int, calls []call) []call {
+	now := e.clock.instant(t)
 	e.shares.SetNewMark(0)
 	for k, le := range e.keys {
 		if le.state != stateDefault {
@@ -888,7 +930,7 @@ func (e *engine) releaseAll(n int, calls []call) []call {
 	return calls
 }
 
-func minTime(a, b time.Time) time.Time {
+func minTime(a, b instant) instant {
 	if b.Before(a) {
 		return b
 	}

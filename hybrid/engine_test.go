@@ -180,8 +180,8 @@ func recordEnds(at time.Duration) op {
 		if le == nil {
 			r.t.Fatal("key unknown to the engine")
 		}
-		if !le.until.Equal(t0.Add(at)) {
-			r.t.Fatalf("the record of k ends at %v; want %v", le.until.Sub(t0), at)
+		if until := r.eng.clock.time(le.until); !until.Equal(t0.Add(at)) {
+			r.t.Fatalf("the record of k ends at %v; want %v", until.Sub(t0), at)
 		}
 		return nil
 	}}
@@ -487,10 +487,11 @@ func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 		for at := time.Duration(0); at <= 1050*ms; at += eTick {
 			r.loc.Allow(t0.Add(at), "k") // 20/s, wanting 22/s
 		}
+		in := r.eng.clock.instant
 		le := &lease{state: stateHeld, granted: 22, fair: 30, contended: true, stable: settleAfter,
-			lastWant: 22, sentAt: t0.Add(1050 * ms), attemptedAt: 22, until: t0.Add(2130 * ms), renewAt: t0.Add(1650 * ms)}
-		le.demand.open(t0)
-		le.demand.record(t0.Add(1050*ms), 22)
+			lastWant: 22, sentAt: in(t0.Add(1050 * ms)), attemptedAt: 22, until: in(t0.Add(2130 * ms)), renewAt: in(t0.Add(1650 * ms))}
+		le.demand.open(in(t0))
+		le.demand.record(in(t0.Add(1050*ms)), 22)
 		r.eng.keys["k"] = le
 		for at := 1100 * ms; at <= 1250*ms; at += eTick {
 			for range 3 {

@@ -252,11 +252,16 @@ func (l *Limiter) evict(now time.Time, n int, ls *limitEntry, b *batch) {
 // collect adds to b the lease requests of ls that are due, and updates the
 // limit's gauges.
 func (l *Limiter) collect(now time.Time, n int, ls *limitEntry, b *batch) {
-	ls.stats = ls.loc.AppendStats(ls.stats[:0])
 	ls.eng.degraded = ls.degraded.Load()
+	ls.eng.startTick()
 	var ts tickStats
-	b.calls, ts = ls.eng.collect(now, n, ls.stats, b.calls[:0])
-	b.add(ls, b.calls)
+	// A shard at a time: the snapshot holds one shard's keys, not every
+	// key's, and its buffer stays small.
+	for i := range ls.loc.Shards() {
+		ls.stats = ls.loc.AppendShardStats(i, ls.stats[:0])
+		b.calls = ls.eng.collectKeys(now, n, ls.stats, b.calls[:0], &ts)
+		b.add(ls, b.calls)
+	}
 	if l.msgr != nil && len(ls.eng.asks) > 0 {
 		b.out2.add(l.msgr, ls.Name, ls.eng.asks)
 	}

@@ -2,26 +2,49 @@ package hybrid_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
+	"github.com/hybridlimit/hybridlimit/membership"
 )
 
 // memoryKeys is how many keys BenchmarkMemory holds: enough that the fixed
-// cost of a Limiter and the growth steps of its maps average out.
-const memoryKeys = 200_000
+// cost of a Limiter and the growth steps of its maps average out, few
+// enough that the exact placement (a Redis script per key) fills in seconds.
+const memoryKeys = 20_000
 
-// BenchmarkMemory reports the heap each key takes, in bytes/key, after one
-// decision on each of memoryKeys keys: for a Limiter with one Local limit,
-// one with one Hybrid limit (once the lease loop has asked Redis for every
-// key, so that what it keeps per key is counted), and the hand-written map
-// of limiters holding the same keys. The key strings are made before
-// measuring and shared by all, so none is charged for them. Run it with
-// -benchtime 1x: the figure does not depend on b.N, and ns/op is the time
-// to create the keys.
+// memoryProbe is the second limit of the Limiters BenchmarkMemory measures:
+// a lease request of one of its keys shows that the loop has ticked, and so
+// looked at every key of benchLimit, since the keys were decided.
+const memoryProbe = "probe"
+
+// memoryRound is how many keys of the lease placement BenchmarkMemory
+// drives past their share before it waits for their lease requests.
+const memoryRound = 10_000
+
+// memorySettle is how many ticks BenchmarkMemory lets pass before it
+// measures: more than the loop takes to give back the buffers of a round of
+// requests for every key (shrinkAfter), so that what is measured is what
+// the keys hold, not the peak of their first round.
+const memorySettle = 45
+
+// BenchmarkMemory reports the heap each key takes, in bytes/key, with
+// memoryKeys keys held: for the hand-written map of limiters holding the
+// same keys (the baseline), a Limiter with one Local limit, and one with a
+// Hybrid limit whose keys are all in one placement. In the share placement
+// each key made one decision within its default share; in the lease
+// placement each was driven past its share and holds a lease; in the exact
+// placement (a limit with ExactBursts) each made one exact decision. The
+// loop has ticked memorySettle times since, so that the engine holds its
+// state of every key and the buffers of the first round are given back.
+// The key strings are made before measuring and shared by all, so none is
+// charged for them. Run it with -benchtime 1x: the figure does not depend
+// on b.N, and ns/op is the time to fill the keys.
 func BenchmarkMemory(b *testing.B) {
 	srv := redistest.Start(b)
 	keys := benchKeyList(memoryKeys)
@@ -32,29 +55,158 @@ func BenchmarkMemory(b *testing.B) {
 			return newMapLimiter(keys)
 		})
 	})
-	for _, m := range []hybrid.Mode{hybrid.Local, hybrid.Hybrid} {
-		b.Run("mode="+m.String(), func(b *testing.B) {
-			benchMemory(b, keys, func(b *testing.B) any {
-				var s *redistest.Server
-				if m != hybrid.Local {
-					s = srv
+	b.Run("mode=local", func(b *testing.B) {
+		benchMemory(b, keys, func(b *testing.B) any {
+			l := memoryLimiter(b, nil, hybrid.Limit{Mode: hybrid.Local})
+			for _, k := range keys {
+				if _, err := l.Allow(ctx, benchLimit, k); err != nil {
+					b.Fatal(err)
 				}
-				l := benchLimiter(b, s, m)
-				for _, k := range keys {
-					// Twice the whole burst: the second is denied by the
-					// default share, so a Hybrid key asks for a lease.
-					for range 2 {
-						if _, err := l.AllowN(ctx, benchLimit, k, benchBurst); err != nil {
-							b.Fatal(err)
-						}
+			}
+			return l
+		})
+	})
+	b.Run("mode=hybrid/placement=share", func(b *testing.B) {
+		benchMemory(b, keys, func(b *testing.B) any {
+			l := memoryLimiter(b, srv, hybrid.Limit{Mode: hybrid.Hybrid})
+			for _, k := range keys {
+				// Within the default share: the key asks Redis nothing.
+				if _, err := l.Allow(ctx, benchLimit, k); err != nil {
+					b.Fatal(err)
+				}
+			}
+			memoryTicks(b, l, memorySettle)
+			if st, _ := l.Status(benchLimit); st.RedisCommands != 0 {
+				b.Fatalf("%d Redis commands for keys in the share placement, want none", st.RedisCommands)
+			}
+			return l
+		})
+	})
+	b.Run("mode=hybrid/placement=lease", func(b *testing.B) {
+		benchMemory(b, keys, func(b *testing.B) any {
+			l := memoryLimiter(b, srv, hybrid.Limit{Mode: hybrid.Hybrid})
+			// In rounds of memoryRound keys: a pipeline of a request for
+			// every key would outlast the client's read timeout.
+			for i, k := range keys {
+				// Twice the whole burst: the second is denied by the
+				// default share, so the key asks for a lease.
+				for range 2 {
+					if _, err := l.AllowN(ctx, benchLimit, k, benchBurst); err != nil {
+						b.Fatal(err)
 					}
 				}
-				if m != hybrid.Local {
-					benchAsked(b, l, len(keys))
+				if i+1 == len(keys) || (i+1)%memoryRound == 0 {
+					benchAsked(b, l, i+1)
 				}
-				return l
-			})
+			}
+			memoryTicks(b, l, memorySettle)
+			// One instance: each key leases the whole rate.
+			if st, _ := l.Status(benchLimit); st.LeasedRate < 0.99*benchRate*float64(len(keys)) || st.FailingKeys != 0 {
+				b.Fatalf("leased rate %v with %d failing keys, want every key leased", st.LeasedRate, st.FailingKeys)
+			}
+			return l
 		})
+	})
+	b.Run("mode=hybrid/placement=exact", func(b *testing.B) {
+		benchMemory(b, keys, func(b *testing.B) any {
+			l := memoryLimiter(b, srv, hybrid.Limit{Mode: hybrid.Hybrid, ExactBursts: true})
+			// The limit's new keys start exact once the loop has ticked.
+			memoryTicks(b, l, 1)
+			// Exact decisions wait on Redis: several at a time.
+			const workers = 8
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			for w := range workers {
+				wg.Go(func() {
+					for i := w; i < len(keys); i += workers {
+						if _, err := l.Allow(ctx, benchLimit, keys[i]); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+			if st, _ := l.Status(benchLimit); st.RedisCommands < uint64(len(keys)) {
+				b.Fatalf("%d Redis commands, want an exact decision on each of %d keys", st.RedisCommands, len(keys))
+			}
+			memoryTicks(b, l, memorySettle)
+			return l
+		})
+	})
+}
+
+// memoryLimiter starts a Limiter on a single static instance with two
+// limits, closed in b.Cleanup: benchLimit, lim with the benchmarks' rate
+// and burst, and memoryProbe (Hybrid, unless lim is Local). Its timings
+// keep every key as it was put for the length of the benchmark: none goes
+// idle, and one pipeline of a request for every key fits in RedisTimeout.
+// srv may be nil for a Local limit.
+func memoryLimiter(b *testing.B, srv *redistest.Server, lim hybrid.Limit) *hybrid.Limiter {
+	b.Helper()
+	lim.Name, lim.Rate, lim.Burst, lim.OnOutage = benchLimit, benchRate, benchBurst, hybrid.FailLocal
+	probe := lim
+	probe.Name, probe.ExactBursts = memoryProbe, false
+	cfg := hybrid.Config{
+		Members:        membership.NewStatic("bench-1", 1),
+		Limits:         []hybrid.Limit{lim, probe},
+		Tick:           10 * time.Millisecond,
+		ContendedTTL:   time.Minute,
+		UncontendedTTL: 10 * time.Minute,
+		RedisTimeout:   30 * time.Second,
+		IdleAfter:      time.Hour,
+	}
+	if srv != nil {
+		cfg.Redis = srv.Client(b)
+	}
+	l, err := hybrid.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := l.Close(ctx); err != nil {
+			b.Error(err)
+		}
+	})
+	return l
+}
+
+// memoryTicks waits until l's loop has ticked at least ticks times: each
+// time, a fresh key of memoryProbe is denied by its default share, and the
+// lease request that follows is sent at a tick that has looked at every key
+// decided before.
+func memoryTicks(b *testing.B, l *hybrid.Limiter, ticks int) {
+	b.Helper()
+	ctx := context.Background()
+	for range ticks {
+		st, err := l.Status(memoryProbe)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sent := st.RedisCommands
+		// A key the probe limit has not held: one per tick waited for.
+		key := fmt.Sprintf("probe-%d", st.Keys)
+		for range 2 {
+			if _, err := l.AllowN(ctx, memoryProbe, key, benchBurst); err != nil {
+				b.Fatal(err)
+			}
+		}
+		deadline := time.Now().Add(time.Minute)
+		for st.RedisCommands == sent {
+			if time.Now().After(deadline) {
+				b.Fatalf("no lease request for %s within a minute", key)
+			}
+			time.Sleep(time.Millisecond) // poll interval
+			if st, err = l.Status(memoryProbe); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
 
@@ -80,7 +232,7 @@ func benchAsked(b *testing.B, l *hybrid.Limiter, n int) {
 
 // benchMemory reports the heap that what fill returns holds, per key. What
 // fill returns stays reachable until the heap has been measured; a Limiter
-// is closed by the b.Cleanup of benchLimiter, after the measurement.
+// is closed by the b.Cleanup of memoryLimiter, after the measurement.
 func benchMemory(b *testing.B, keys []string, fill func(b *testing.B) any) {
 	b.Helper()
 	var perKey float64

@@ -157,3 +157,23 @@ func ExampleLimiter_SetLimit() {
 	// after:  {100 10} {100 10}
 	// local: invalid config: burst 0 must be at least 1
 }
+
+func ExampleLimiter_AppendShardStats() {
+	l, err := local.New(local.Config{Limit: 10, Burst: 5})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i := range 1000 {
+		l.Allow(t0, fmt.Sprintf("key-%d", i))
+	}
+	// Every key, a shard at a time: the buffer holds one shard's keys.
+	var buf []local.KeyStats
+	keys, most := 0, 0
+	for i := range l.Shards() {
+		buf = l.AppendShardStats(i, buf[:0])
+		keys, most = keys+len(buf), max(most, len(buf))
+	}
+	fmt.Printf("%d keys in %d shards, none holding a tenth of them: %v\n", keys, l.Shards(), most < keys/10)
+	// Output:
+	// 1000 keys in 64 shards, none holding a tenth of them: true
+}

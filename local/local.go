@@ -599,28 +599,42 @@ func (l *Limiter) set(t time.Time, p *params) {
 // order is unspecified.
 func (l *Limiter) AppendStats(dst []KeyStats) []KeyStats {
 	for i := range l.shards {
-		sh := &l.shards[i]
-		sh.mu.Lock()
-		sh.keys.each(func(e *entry) {
-			var until time.Time
-			if e.assigned {
-				until = sh.time(e.until)
-			}
-			dst = append(dst, KeyStats{
-				Key:       e.key,
-				Attempted: e.attempted,
-				LastSeen:  sh.time(e.seen),
-				Created:   sh.time(e.created),
-				Assigned:  e.assigned && e.last < e.until,
-				Until:     until,
-				Share:     Share{Limit: e.b.limit, Burst: e.b.burst},
-				Denied:    e.denied,
-				Mark:      e.mark,
-				Lapsed:    e.lapsed,
-			})
-		})
-		sh.mu.Unlock()
+		dst = l.AppendShardStats(i, dst)
 	}
+	return dst
+}
+
+// Shards returns how many shards the limiter spreads its keys over: the
+// shards of AppendShardStats are numbered from 0 up to it.
+func (l *Limiter) Shards() int { return len(l.shards) }
+
+// AppendShardStats appends a snapshot of every key of shard i to dst and
+// returns it, in unspecified order; every key is in exactly one shard. A
+// caller that looks at every key in turn takes one shard at a time, so that
+// its buffer holds about 1/Shards() of the keys, not all of them. It panics
+// if i is not in [0, Shards()).
+func (l *Limiter) AppendShardStats(i int, dst []KeyStats) []KeyStats {
+	sh := &l.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.keys.each(func(e *entry) {
+		var until time.Time
+		if e.assigned {
+			until = sh.time(e.until)
+		}
+		dst = append(dst, KeyStats{
+			Key:       e.key,
+			Attempted: e.attempted,
+			LastSeen:  sh.time(e.seen),
+			Created:   sh.time(e.created),
+			Assigned:  e.assigned && e.last < e.until,
+			Until:     until,
+			Share:     Share{Limit: e.b.limit, Burst: e.b.burst},
+			Denied:    e.denied,
+			Mark:      e.mark,
+			Lapsed:    e.lapsed,
+		})
+	})
 	return dst
 }
 

@@ -18,7 +18,10 @@ import (
 // leases granted to others meanwhile have ended, so that a release of the
 // record lets it run its default share at once.
 // Its lease, if it had one, is dropped: it must stop running that lease
-// before it asks. Store.Release, or a Lease with Want 0, ends the record.
+// before it asks; unless KeepLease is set, for an instance on its way from
+// exact decisions to a lease. Store.Release, or a Lease with Want 0, ends
+// the record; a Lease request turns it into a lease record in the same
+// step.
 type ExactRequest struct {
 	// Limit and Key name the lease hash, see Store.LeaseKey.
 	Limit, Key string
@@ -51,6 +54,18 @@ type ExactRequest struct {
 	// that does not exist yet is full. Zero (split bursts) counts them at
 	// their default share and starts a pool at Give.
 	ExactBursts bool
+	// KeepLease is set while the instance may hold a lease of the key that
+	// it does not run yet: it keeps deciding exactly until the grant of a
+	// lease it asked for is in force (make before break), or this take was
+	// sent before that lease request and reaches Redis after it. A live
+	// lease record of the instance is then kept and counted at what it may
+	// run, as the others' are, the pool being what all the leases leave,
+	// and no exact record is written while the lease lives: a take that
+	// lands after the lease request cannot undo it. Once the lease has
+	// ended, or if there is none, the take records an exact user as usual.
+	// Zero drops the instance's lease record: the instance stopped running
+	// it before asking.
+	KeepLease bool
 }
 
 // validate checks r fully, so that no request Lua would reject reaches Redis.
@@ -78,8 +93,8 @@ func (r *ExactRequest) validate() error {
 // all there, in one script call on Redis server time, and records r.Instance
 // as an exact user of the key (see ExactRequest). A denial takes nothing.
 //
-// The pool's rate is Rate minus what the leases of the other instances may
-// be running, minus Rate/Instances for each instance without a record
+// The pool's rate is Rate minus what the leases of the other instances
+// (and a lease of its own that KeepLease keeps) may be running, minus Rate/Instances for each instance without a record
 // (none with ExactBursts), and never less than 0; while Redis is known to
 // have lost leases (see LeaseRequest.Held), at most Rate/Instances for each
 // exact user. Its burst is Burst in the same proportion to Rate. It refills
@@ -105,6 +120,7 @@ func (s *Store) TakeExact(ctx context.Context, r ExactRequest) (Take, error) {
 		strconv.Itoa(r.N),
 		formatFloat(r.Give),
 		flag(r.ExactBursts),
+		flag(r.KeepLease),
 	}
 	cmd := exactScript.EvalSha(ctx, s.rdb, keys, args...)
 	if isNoScript(cmd.Err()) {

@@ -14,10 +14,19 @@
 -- ARGV[8]  exact_bursts ("0"/"1"): no instance runs a default share
 --          unasked, so unrecorded instances are counted at 0, and a pool
 --          that does not exist is full
+-- ARGV[9]  keep_lease ("0"/"1", absent = "0"): the instance may hold a
+--          lease of the key that it does not run (yet): it is on its way
+--          from exact decisions to a lease, or this take was sent before
+--          its lease request and lands after it. A live lease record of
+--          the instance is then kept and counted like the others' (the
+--          pool is what it leaves), and no exact record is written while
+--          it lives. "0": the instance stopped running its lease before
+--          asking, and the take drops the lease record.
 --
 -- The pool is what no lease and no default share holds: the exact users
 -- gave it their default shares, and it takes up what the leases leave.
---   pool_rate  = rate - what the other instances' leases may be running
+--   pool_rate  = rate - what the other instances' leases (and a lease of
+--                the caller's that keep_lease keeps) may be running
 --                - unrecorded * rate/n (0 with exact_bursts), at least 0;
 --                while Redis lost leases ("lost"), at most rate/n for
 --                each exact user, what they gave;
@@ -31,10 +40,14 @@
 -- integers. retry_after_us is "-1" when the tokens can never be there at
 -- the current pool_rate and pool_burst.
 --
--- Invariant: as in lease.lua. The caller gives up its lease (it stopped
--- running it before asking) and is counted as an exact user, at rate/n;
--- the pool's rate is what the leases and the unrecorded leave, which every
--- lease grant keeps at least rate/n per exact user.
+-- Invariant: as in lease.lua. Without keep_lease the caller gives up its
+-- lease (it stopped running it before asking) and is counted as an exact
+-- user, at rate/n; the pool's rate is what the leases and the unrecorded
+-- leave, which every lease grant keeps at least rate/n per exact user.
+-- With keep_lease and a live lease of its own, the caller is counted at
+-- that lease and the pool is what all the leases leave: what it takes
+-- from the pool and what it runs of its lease once the grant is in force
+-- are both counted.
 
 local key = KEYS[1]
 local inst = ARGV[1]
@@ -45,8 +58,10 @@ local ttl = tonumber(ARGV[5])
 local take = tonumber(ARGV[6])
 local give = tonumber(ARGV[7])
 local exact_bursts = ARGV[8] == '1'
+local keep_lease = ARGV[9] == '1'
 local valid = inst ~= nil and inst ~= '' and rate and burst and n and ttl
   and take and give and (ARGV[8] == '0' or ARGV[8] == '1')
+  and (ARGV[9] == nil or ARGV[9] == '0' or ARGV[9] == '1')
   and not (rate < 0 or burst < 0 or n < 1 or ttl < 1 or take < 0 or give < 0)
 if not valid then
   return redis.error_reply('ERR hybridlimit: invalid exact arguments')
@@ -58,12 +73,24 @@ local self, self_x = 'i:' .. inst, 'x:' .. inst
 local share = rate / n
 
 local h = read_hash(redis.call('HGETALL', key), inst, now)
+-- kept is the caller's live lease when keep_lease keeps it: Redis counts
+-- the caller at that lease, as it counts the others', and the caller takes
+-- from the pool without an exact record. lease.lua turns an exact record
+-- into a lease record in one step, so a take that lands after a lease
+-- request can never count the caller at its default share while it runs a
+-- larger grant.
+local kept = nil
+if keep_lease and h.own ~= nil then
+  kept = h.own
+  h.others = h.others + holds(kept, now)
+  h.last = math.max(h.last, lease_end(kept))
+end
 -- The caller's record lives at least until now + ttl, and, if it drops a
 -- lease that counted it below its default share, until the others' leases
 -- granted meanwhile have ended: a release of the record then lets it run
 -- its default share at once (see lease.lua).
 local expiry = math.max(now + ttl, h.own_x or 0)
-if h.own ~= nil then
+if h.own ~= nil and kept == nil then
   h.dead[#h.dead + 1] = self
   if holds(h.own, now) < share then expiry = math.max(expiry, h.leases_end) end
 end
@@ -78,7 +105,12 @@ local function pool_size()
     unrecorded = math.max(0, math.floor(n) - 1 - h.recorded)
   end
   local frac = (n - unrecorded) / n - h.others / rate
-  if h.lost ~= nil then frac = math.min(frac, (h.exact + 1) / n) end
+  if h.lost ~= nil then
+    -- What the exact users gave: the caller too, unless its lease counts it.
+    local users = h.exact
+    if kept == nil then users = users + 1 end
+    frac = math.min(frac, users / n)
+  end
   frac = math.max(0, math.min(1, frac))
   return rate * frac, burst * frac
 end
@@ -97,7 +129,7 @@ local function pool_tokens(pool_rate, pool_burst)
   end
   -- The server clock may step back after a failover; never refill negatively.
   tokens = tokens + math.max(0, now - last) * pool_rate / 1000000
-  if h.own_x == nil then tokens = tokens + give end
+  if h.own_x == nil and kept == nil then tokens = tokens + give end
   return math.max(0, math.min(tokens, pool_burst))
 end
 
@@ -116,12 +148,15 @@ else
   retry = math.ceil((take - tokens) * 1000000 / pool_rate)
 end
 
-redis.call('HSET', key, self_x, string.format('%d', expiry),
-  'p', string.format('%.17g %d', tokens, now))
+local last = h.last
+if kept == nil then
+  redis.call('HSET', key, self_x, string.format('%d', expiry))
+  last = math.max(last, expiry)
+end
+redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))
 -- The hash lives as long as its latest record, and until the pool would be
 -- full again: a missing pool is treated as full (exact bursts) or as the
 -- joiner's own tokens.
-local last = math.max(h.last, expiry)
 if pool_rate > 0 then
   last = math.max(last, now + math.ceil((pool_burst - tokens) * 1000000 / pool_rate))
 end

@@ -157,6 +157,75 @@ func TestTakeExactRecords(t *testing.T) {
 	}
 }
 
+// TestTakeExactKeepLease: an exact user moving to a lease keeps deciding
+// exactly until its grant is in force (make before break). Its lease
+// request turns its exact record into a lease record in one step; a take
+// with KeepLease that lands after it (one sent before it, or one made
+// while the answer is on its way) keeps that lease and counts it, writes
+// no exact record, and takes from what all the leases leave. Without it,
+// the take would drop the lease and count the instance at its default
+// share while it is about to run a larger grant: another instance would be
+// granted the difference.
+func TestTakeExactKeepLease(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate, burst, n = 1.0, 10, 2
+	for _, exactBursts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("exactBursts=%v", exactBursts), func(t *testing.T) {
+			k := fmt.Sprintf("k%v", exactBursts)
+			key := store.LeaseKey("keep", k)
+			take := func(inst string, keep bool) global.Take {
+				t.Helper()
+				got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "keep", Key: k, Instance: inst, Rate: rate,
+					Burst: burst, Instances: n, N: 1, TTL: 10 * time.Second, Give: 5, ExactBursts: exactBursts, KeepLease: keep})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			req := func(inst string, want float64) global.LeaseRequest {
+				return global.LeaseRequest{Limit: "keep", Key: k, Instance: inst, Want: want, Rate: rate,
+					Instances: n, TTL: 10 * time.Second, MaxTTL: 10 * time.Second, ExactBursts: exactBursts}
+			}
+			// b gives its default share up (with split bursts it is
+			// counted at it otherwise); a decides exactly, then asks for a
+			// lease: its exact record becomes a lease record.
+			y := req("b", 0)
+			y.Yield = true
+			lease(t, store, y)
+			take("a", true)
+			g := lease(t, store, req("a", 0.9)).Granted
+			if h, err := readHash(rdb, key); err != nil || h.exact["a"] != 0 || h.leases["a"].granted != g {
+				t.Fatalf("after a's lease: %+v, %v; want a's lease %v and no exact record", h, err, g)
+			}
+			if g <= rate/n {
+				t.Fatalf("a is granted %v; the test needs more than the default share %v", g, rate/n)
+			}
+			// A take of a's lands after the lease request.
+			got := take("a", true)
+			if !approx(got.PoolRate, rate-g) {
+				t.Errorf("a's take after its lease: pool %v/s; want %v, what a's lease leaves", got.PoolRate, rate-g)
+			}
+			h, err := readHash(rdb, key)
+			if err != nil || h.exact["a"] != 0 || h.leases["a"].granted != g {
+				t.Fatalf("after a's take: %+v, %v; want a's lease %v kept and no exact record", h, err, g)
+			}
+			// a's lease still counts: b gets what it leaves, no more.
+			if b := lease(t, store, req("b", rate)).Granted; b > rate-g+1e-9 {
+				t.Errorf("b is granted %v beside a's %v: above the rate %v", b, g, rate)
+			}
+			// Once a's lease is released, a take records a as exact again.
+			lease(t, store, req("a", 0))
+			take("a", true)
+			if h, err := readHash(rdb, key); err != nil || h.exact["a"] == 0 {
+				t.Fatalf("after a's release and take: %+v, %v; want an exact record of a", h, err)
+			}
+		})
+	}
+}
+
 func TestTakeExactInvalid(t *testing.T) {
 	ok := global.ExactRequest{Limit: "l", Key: "k", Instance: "a", Rate: 10, Burst: 5, Instances: 2, N: 1, TTL: time.Second}
 	tests := []struct {

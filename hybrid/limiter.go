@@ -338,9 +338,9 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int)
 	degraded := ls.degraded.Load()
 	var d Decision
 	switch {
-	case r.Mark == markExact && !degraded:
+	case r.Mark != 0 && !degraded:
 		return l.exact(ctx, ls, key, n, now, r)
-	case r.Mark == markExact && ls.OnOutage == FailLocal:
+	case r.Mark != 0 && ls.OnOutage == FailLocal:
 		// Degraded a moment ago: the loop moves the key back to its default
 		// share at its next tick.
 		return Decision{RetryAfter: l.cfg.Tick, Source: SourceLocal}, nil
@@ -380,6 +380,9 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// at N-hat: an atomic load, where shareCount takes a lock.
 		Rate: ls.Rate, Burst: ls.Burst, Instances: ls.loc.Instances(), N: n,
 		TTL: l.cfg.UncontendedTTL, ExactBursts: ls.ExactBursts,
+		// A key that stopped running a lease drops its record; any other
+		// keeps one it may be about to run (see markExact).
+		KeepLease: r.Mark != markExactDropLease,
 	})
 	cancel()
 	ls.sent(1)

@@ -66,6 +66,22 @@ type ExactRequest struct {
 	// Zero drops the instance's lease record: the instance stopped running
 	// it before asking.
 	KeepLease bool
+	// Credit is the most tokens, at least 0, to hand the instance beyond N
+	// when the take is allowed: credit it may admit locally, without a
+	// Redis call, until CreditTTL after the take, and never after. It is
+	// handed only from a pool that stays at least half full (a key near its
+	// limit gets none), and the pool holds at most its burst less the live
+	// credits of all instances, so credit admits no more than the pool
+	// would. Zero asks for none.
+	Credit int
+	// Return is the number of tokens, at least 0, of its credit that the
+	// instance gives back to the pool: it stopped admitting them before it
+	// asked. Credit that has ended in Redis is not given back.
+	Return int
+	// CreditTTL is how long a credit handed by this take lasts in Redis. It
+	// must be at least one microsecond when Credit is above 0; the instance
+	// must stop admitting it earlier, as its clock may run slow.
+	CreditTTL time.Duration
 }
 
 // validate checks r fully, so that no request Lua would reject reaches Redis.
@@ -85,6 +101,12 @@ func (r *ExactRequest) validate() error {
 		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, r.TTL)
 	case !finite(r.Give) || r.Give < 0:
 		return fmt.Errorf("%w: give %v is not a non-negative finite number", ErrInvalid, r.Give)
+	case r.Credit < 0:
+		return fmt.Errorf("%w: credit %d is negative", ErrInvalid, r.Credit)
+	case r.Return < 0:
+		return fmt.Errorf("%w: return %d is negative", ErrInvalid, r.Return)
+	case r.CreditTTL < 0 || (r.Credit > 0 && r.CreditTTL < time.Microsecond):
+		return fmt.Errorf("%w: credit ttl %v is less than 1µs", ErrInvalid, r.CreditTTL)
 	}
 	return nil
 }
@@ -99,7 +121,8 @@ func (r *ExactRequest) validate() error {
 // have lost leases (see LeaseRequest.Held), at most Rate/Instances for each
 // exact user. Its burst is Burst in the same proportion to Rate. It refills
 // at its rate up to its burst; a missing pool starts with r.Give tokens, or
-// full with ExactBursts. The result reports both (Take.PoolRate,
+// full with ExactBursts; it holds at most its burst less the live credits
+// of all instances (see ExactRequest.Credit). The result reports both (Take.PoolRate,
 // Take.PoolBurst); RetryAfter is Never when r.N exceeds the pool's burst or
 // its rate is 0, so a caller may ask again once the leases have shrunk.
 //
@@ -121,6 +144,9 @@ func (s *Store) TakeExact(ctx context.Context, r ExactRequest) (Take, error) {
 		formatFloat(r.Give),
 		flag(r.ExactBursts),
 		flag(r.KeepLease),
+		strconv.Itoa(r.Credit),
+		strconv.Itoa(r.Return),
+		strconv.FormatInt(int64(r.CreditTTL/time.Microsecond), 10),
 	}
 	cmd := exactScript.EvalSha(ctx, s.rdb, keys, args...)
 	if isNoScript(cmd.Err()) {
@@ -139,7 +165,7 @@ func (s *Store) TakeExact(ctx context.Context, r ExactRequest) (Take, error) {
 
 // parseExact reads the reply of exact.lua.
 func parseExact(v any) (Take, error) {
-	f, err := replyStrings(v, 5)
+	f, err := replyStrings(v, 6)
 	if err != nil {
 		return Take{}, err
 	}
@@ -152,6 +178,10 @@ func parseExact(v any) (Take, error) {
 	if err1 != nil || err2 != nil || !finite(rate) || !finite(burst) {
 		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
-	t.PoolRate, t.PoolBurst = rate, burst
+	credit, err3 := strconv.Atoi(f[5])
+	if err3 != nil || credit < 0 {
+		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
+	}
+	t.PoolRate, t.PoolBurst, t.Credit = rate, burst, credit
 	return t, nil
 }

@@ -22,6 +22,14 @@
 --          pool is what it leaves), and no exact record is written while
 --          it lives. "0": the instance stopped running its lease before
 --          asking, and the take drops the lease record.
+-- ARGV[10] credit, at most this many tokens to hand the instance beyond
+--          take, as credit it may admit locally for credit_ttl_us (>= 0,
+--          absent = 0); handed only from a pool at least half full after
+--          them, so that the pool keeps at least half its burst for others
+-- ARGV[11] returned, tokens of its credit the instance gives back: it
+--          stopped admitting them before asking (>= 0, absent = 0)
+-- ARGV[12] credit_ttl_us, how long a credit handed now lasts, us (>= 1
+--          when credit > 0; absent = 0)
 --
 -- The pool is what no lease and no default share holds: the exact users
 -- gave it their default shares, and it takes up what the leases leave.
@@ -31,12 +39,14 @@
 --                while Redis lost leases ("lost"), at most rate/n for
 --                each exact user, what they gave;
 --   pool_burst = burst * pool_rate / rate.
--- It refills at pool_rate up to pool_burst. A missing pool starts empty,
--- or full with exact_bursts; give is added, up to pool_burst, on the take
--- that creates the caller's record.
+-- It refills at pool_rate up to pool_burst less the live credits of all
+-- instances ("c:" records): what the pool and the credits hold together is
+-- at most pool_burst, so credit admits no burst beyond the pool's. A
+-- missing pool starts empty, or full with exact_bursts; give is added, up
+-- to pool_burst, on the take that creates the caller's record.
 --
 -- Returns {allowed ("0"/"1"), tokens left, retry_after_us, pool_rate,
--- pool_burst}, all strings because Redis truncates Lua numbers to
+-- pool_burst, credit handed}, all strings because Redis truncates Lua numbers to
 -- integers. retry_after_us is "-1" when the tokens can never be there at
 -- the current pool_rate and pool_burst.
 --
@@ -59,17 +69,22 @@ local take = tonumber(ARGV[6])
 local give = tonumber(ARGV[7])
 local exact_bursts = ARGV[8] == '1'
 local keep_lease = ARGV[9] == '1'
+local credit = tonumber(ARGV[10] or '0')
+local returned = tonumber(ARGV[11] or '0')
+local credit_ttl = tonumber(ARGV[12] or '0')
 local valid = inst ~= nil and inst ~= '' and rate and burst and n and ttl
-  and take and give and (ARGV[8] == '0' or ARGV[8] == '1')
+  and take and give and credit and returned and credit_ttl
+  and (ARGV[8] == '0' or ARGV[8] == '1')
   and (ARGV[9] == nil or ARGV[9] == '0' or ARGV[9] == '1')
-  and not (rate < 0 or burst < 0 or n < 1 or ttl < 1 or take < 0 or give < 0)
+  and not (rate < 0 or burst < 0 or n < 1 or ttl < 1 or take < 0 or give < 0
+  or credit < 0 or returned < 0 or credit_ttl < 0 or (credit > 0 and credit_ttl < 1))
 if not valid then
   return redis.error_reply('ERR hybridlimit: invalid exact arguments')
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local self, self_x = 'i:' .. inst, 'x:' .. inst
+local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
 local share = rate / n
 
 local h = read_hash(redis.call('HGETALL', key), inst, now)
@@ -117,11 +132,13 @@ end
 
 -- pool_tokens is what the pool holds at now, refilled at pool_rate since
 -- it was last taken from, capped at pool_burst.
+local queue = 0
 local function pool_tokens(pool_rate, pool_burst)
   local tokens, last
   if h.pool ~= nil then
-    local a, b = string.match(h.pool, '^(%S+) (%S+)$')
-    tokens, last = tonumber(a), tonumber(b)
+    local a, b, q = string.match(h.pool, '^(%S+) (%S+) (%S+)$')
+    if not a then a, b = string.match(h.pool, '^(%S+) (%S+)$') end
+    tokens, last, queue = tonumber(a), tonumber(b), tonumber(q) or 0
   end
   if tokens == nil or last == nil then
     tokens, last = 0, now
@@ -134,18 +151,40 @@ local function pool_tokens(pool_rate, pool_burst)
 end
 
 local pool_rate, pool_burst = pool_size()
-local tokens = pool_tokens(pool_rate, pool_burst)
+-- The caller's credit, less what it gives back; the pool holds at most
+-- what the credits of all instances leave of its burst.
+local own_c, own_ends = 0, 0
+if h.own_c ~= nil then own_c, own_ends = h.own_c.tokens, h.own_c.ends end
+local back = math.min(returned, own_c)
+own_c = own_c - back
+local cap = math.max(0, pool_burst - (h.credits - back))
+local tokens = math.min(pool_tokens(pool_rate, pool_burst) + back, cap)
 
 -- Fractions of a share leave rounding errors: forgive them.
 local eps = 1e-9
 local allowed, retry = '0', 0
+local extra = 0
 if take <= tokens + eps then
   allowed = '1'
   tokens = math.max(0, tokens - take)
+  if credit > 0 then
+    -- Ahead of the caller's requests, from a pool that stays at least
+    -- half full: a key near its limit gets none.
+    extra = math.max(0, math.min(credit, math.floor(tokens - pool_burst / 2 + eps)))
+    tokens = math.max(0, tokens - extra)
+    own_c = own_c + extra
+  end
 elseif take > pool_burst + eps or not (pool_rate > 0) then
   retry = -1
 else
-  retry = math.ceil((take - tokens) * 1000000 / pool_rate)
+  -- The denied wait their turn: each is told a later token than the one
+  -- before it was told, so that they do not all come back for the same
+  -- one (each denial an extra script); never beyond the time the pool
+  -- takes to fill.
+  local slot = math.max(now + math.ceil((take - tokens) * 1000000 / pool_rate), queue)
+  slot = math.min(slot, now + math.ceil(pool_burst * 1000000 / pool_rate))
+  queue = slot + math.ceil(take * 1000000 / pool_rate)
+  retry = slot - now
 end
 
 local last = h.last
@@ -153,7 +192,14 @@ if kept == nil then
   redis.call('HSET', key, self_x, string.format('%d', expiry))
   last = math.max(last, expiry)
 end
-redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))
+redis.call('HSET', key, 'p', string.format('%.17g %d %d', tokens, now, queue))
+if extra > 0 then own_ends = math.max(own_ends, now + credit_ttl) end
+if own_c > 0 then
+  redis.call('HSET', key, self_c, string.format('%.17g %d', own_c, own_ends))
+  last = math.max(last, own_ends)
+elseif h.own_c ~= nil then
+  redis.call('HDEL', key, self_c)
+end
 -- The hash lives as long as its latest record, and until the pool would be
 -- full again: a missing pool is treated as full (exact bursts) or as the
 -- joiner's own tokens.
@@ -168,4 +214,5 @@ return {
   string.format('%d', retry),
   string.format('%.17g', pool_rate),
   string.format('%.17g', pool_burst),
+  string.format('%d', extra),
 }

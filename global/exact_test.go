@@ -226,6 +226,130 @@ func TestTakeExactKeepLease(t *testing.T) {
 	}
 }
 
+// TestTakeExactCredit: an allowed take may hand its instance credit,
+// tokens beyond N that it admits locally, only from a pool that stays at
+// least half full; the pool then holds at most its burst less the live
+// credits, so that the pool and every credit together never hold more than
+// the burst. Credit given back returns to the pool; credit that ends is
+// gone, and the pool may fill up to its whole burst again.
+func TestTakeExactCredit(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	// So slow that no whole token refills while the test runs.
+	const rate, burst, n = 0.001, 10, 4
+	take := func(k, inst string, tokens, credit, ret int, ttl time.Duration) global.Take {
+		t.Helper()
+		got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "credit", Key: k, Instance: inst, Rate: rate, Burst: burst,
+			Instances: n, N: tokens, TTL: 10 * time.Second, ExactBursts: true, Credit: credit, Return: ret, CreditTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	type row struct {
+		inst              string
+		n, credit, ret    int
+		allowed           bool
+		remaining, handed int64
+	}
+	for _, tt := range []struct {
+		name string
+		rows []row
+	}{
+		{"credit only from a pool at least half full", []row{
+			{inst: "a", n: 1, credit: 3, allowed: true, remaining: 6, handed: 3},
+			// a holds 3: b's take leaves 5 of the 7 the pool may hold, none to spare.
+			{inst: "b", n: 1, credit: 3, allowed: true, remaining: 5},
+			{inst: "b", n: 5, allowed: true, remaining: 0},
+			// The pool holds nothing: a's credit is all that is left of the burst.
+			{inst: "c", n: 1, credit: 3},
+			// a gives its 3 back and takes one of them.
+			{inst: "a", n: 1, ret: 3, allowed: true, remaining: 2},
+			{inst: "c", n: 2, allowed: true, remaining: 0},
+		}},
+		{"a credit larger than the spare half is cut", []row{
+			{inst: "a", n: 2, credit: 9, allowed: true, remaining: 5, handed: 3},
+			// A denial hands nothing.
+			{inst: "b", n: 6, credit: 9, remaining: 5},
+		}},
+		{"no credit from a pool at half or below", []row{
+			{inst: "a", n: 5, credit: 3, allowed: true, remaining: 5},
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			total := 0
+			for i, r := range tt.rows {
+				got := take(tt.name, r.inst, r.n, r.credit, r.ret, 10*time.Second)
+				if got.Allowed != r.allowed || got.Remaining != r.remaining || int64(got.Credit) != r.handed {
+					t.Errorf("row %d %+v: %+v; want allowed %v, remaining %d, credit %d", i, r, got, r.allowed, r.remaining, r.handed)
+				}
+				if got.Allowed {
+					total += r.n + got.Credit - r.ret
+				}
+			}
+			if total > burst {
+				t.Errorf("the takes and the credits hold %d tokens; want at most the burst %d", total, burst)
+			}
+		})
+	}
+
+	t.Run("a credit ends", func(t *testing.T) {
+		if got := take("ends", "a", 1, 4, 0, 100*time.Millisecond); got.Credit != 4 || got.Remaining != 5 {
+			t.Fatalf("a's take: %+v; want credit 4, 5 left", got)
+		}
+		key := store.LeaseKey("credit", "ends")
+		if h, err := readHash(rdb, key); err != nil || h.credit["a"] == "" {
+			t.Fatalf("after a's take: %+v, %v; want a's credit recorded", h, err)
+		}
+		// While a's credit lives the pool may hold 6; once it ends, all 10
+		// (but the 4 are gone: nobody gave them back).
+		if got := take("ends", "b", 0, 0, 0, 0); got.Remaining != 5 {
+			t.Fatalf("b's look: %+v; want 5 left", got)
+		}
+		// Ended, the credit is dropped at the next call.
+		eventually(t, "a's credit to end", func() bool {
+			take("ends", "b", 0, 0, 0, 0)
+			h, err := readHash(rdb, key)
+			return err == nil && h.credit["a"] == ""
+		})
+	})
+}
+
+// TestTakeExactDenialsTakeTurns: denied takes are told successive tokens,
+// not all the same next one, so that their instances do not all come back
+// for it (every denial a script); never later than the pool takes to fill.
+// An allowed take leaves the turns as they are.
+func TestTakeExactDenialsTakeTurns(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	ctx := context.Background()
+	take := func(inst string, n int) global.Take {
+		t.Helper()
+		got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "turns", Key: "k", Instance: inst, Rate: 1, Burst: 3,
+			Instances: 4, N: n, TTL: 10 * time.Second, ExactBursts: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := take("a", 3); !got.Allowed {
+		t.Fatalf("a's burst: %+v", got)
+	}
+	// One token a second: b is told the first, c the second, d the third;
+	// e, too, the third: the pool is full by then.
+	for _, tt := range []struct {
+		inst string
+		turn time.Duration
+	}{{"b", time.Second}, {"c", 2 * time.Second}, {"d", 3 * time.Second}, {"e", 3 * time.Second}} {
+		got := take(tt.inst, 1)
+		if got.Allowed || got.RetryAfter > tt.turn || got.RetryAfter < tt.turn-100*time.Millisecond {
+			t.Errorf("%s: %+v; want a denial with RetryAfter just under %v", tt.inst, got, tt.turn)
+		}
+	}
+}
+
 func TestTakeExactInvalid(t *testing.T) {
 	ok := global.ExactRequest{Limit: "l", Key: "k", Instance: "a", Rate: 10, Burst: 5, Instances: 2, N: 1, TTL: time.Second}
 	tests := []struct {

@@ -29,6 +29,10 @@ type Take struct {
 	// second and the capacity in tokens of the key's pool as this call
 	// computed them; zero for TakeN.
 	PoolRate, PoolBurst float64
+	// Credit is, for TakeExact, the number of tokens handed to the caller
+	// beyond the n it took, which it may admit locally until the request's
+	// CreditTTL has passed (see ExactRequest.Credit); zero for TakeN.
+	Credit int
 }
 
 // TakeN runs the classic atomic token bucket of (limit, key) in Redis: it

@@ -98,6 +98,8 @@ type limitState struct {
 	// unlogged holds the cause of a degrade made by a decision, whose log
 	// line the loop writes (see explain): a decision does not wait for it.
 	unlogged atomic.Pointer[error]
+	// credits holds the credit of exact keys (ExactBursts limits only).
+	credits creditBook
 
 	// Owned by the lease loop goroutine, and by Close once it has stopped.
 	eng     *engine // the lease policy; nil unless applied.Mode is Hybrid
@@ -373,6 +375,16 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if r.Hold > 0 {
 		return Decision{RetryAfter: r.Hold, Source: SourceGlobal}, nil
 	}
+	var want, back int
+	if ls.ExactBursts {
+		// Credit Redis handed ahead of this request is admitted here;
+		// otherwise what is left of it goes back with the request.
+		if left, ok := ls.credits.use(key, n, now); ok {
+			return Decision{Allowed: true, Remaining: int64(left), Source: SourceGlobal}, nil
+		}
+		back = ls.credits.surrender(key, now)
+		want = creditFor(ls.Burst, ls.loc.Instances())
+	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	t, err := l.store.TakeExact(cctx, global.ExactRequest{
 		Limit: ls.Name, Key: key, Instance: l.members.Name(),
@@ -383,6 +395,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// A key that stopped running a lease drops its record; any other
 		// keeps one it may be about to run (see markExact).
 		KeepLease: r.Mark != markExactDropLease,
+		Credit:    want, Return: back, CreditTTL: creditLife,
 	})
 	cancel()
 	ls.sent(1)
@@ -399,6 +412,11 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	}
 	if !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never {
 		ls.loc.SetHold(key, now.Add(t.RetryAfter))
+	}
+	if t.Credit > 0 {
+		// Redis started the credit's life no earlier than now: it ends
+		// here first.
+		ls.credits.add(key, t.Credit, now, now.Add(time.Duration(float64(creditLife)*endEarly)))
 	}
 	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
 	if d.RetryAfter == Never {

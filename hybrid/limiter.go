@@ -252,8 +252,10 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // until it moves to a lease), is one Redis round trip, bounded by
 // Config.RedisTimeout and by ctx; while a limit is degraded none waits. A
 // denial in the exact placement is cached: later requests on that key are
-// denied in process until the time Redis said tokens would be there. A denial is a
-// Decision with Allowed false, not an error. AllowN returns an error for an
+// denied in process until the time Redis said tokens would be there. With
+// ExactBursts, the credit an allowed exact decision brought is admitted in
+// process too (see Limit.ExactBursts). A denial is a Decision with Allowed
+// false, not an error. AllowN returns an error for an
 // unknown limit (ErrUnknownLimit), n below 1 (ErrInvalidN), after Close
 // (ErrClosed), or when ctx ends during a Global decision. When n exceeds the
 // limit's burst it returns a denial with RetryAfter Never together with

@@ -18,7 +18,10 @@ import (
 // leases granted to others meanwhile have ended, so that a release of the
 // record lets it run its default share at once.
 // Its lease, if it had one, is dropped: it must stop running that lease
-// before it asks. Store.Release, or a Lease with Want 0, ends the record.
+// before it asks; unless KeepLease is set, for an instance on its way from
+// exact decisions to a lease. Store.Release, or a Lease with Want 0, ends
+// the record; a Lease request turns it into a lease record in the same
+// step.
 type ExactRequest struct {
 	// Limit and Key name the lease hash, see Store.LeaseKey.
 	Limit, Key string
@@ -51,6 +54,34 @@ type ExactRequest struct {
 	// that does not exist yet is full. Zero (split bursts) counts them at
 	// their default share and starts a pool at Give.
 	ExactBursts bool
+	// KeepLease is set while the instance may hold a lease of the key that
+	// it does not run yet: it keeps deciding exactly until the grant of a
+	// lease it asked for is in force (make before break), or this take was
+	// sent before that lease request and reaches Redis after it. A live
+	// lease record of the instance is then kept and counted at what it may
+	// run, as the others' are, the pool being what all the leases leave,
+	// and no exact record is written while the lease lives: a take that
+	// lands after the lease request cannot undo it. Once the lease has
+	// ended, or if there is none, the take records an exact user as usual.
+	// Zero drops the instance's lease record: the instance stopped running
+	// it before asking.
+	KeepLease bool
+	// Credit is the most tokens, at least 0, to hand the instance beyond N
+	// when the take is allowed: credit it may admit locally, without a
+	// Redis call, until CreditTTL after the take, and never after. It is
+	// handed only from a pool that stays at least half full (a key near its
+	// limit gets none), and the pool holds at most its burst less the live
+	// credits of all instances, so credit admits no more than the pool
+	// would. Zero asks for none.
+	Credit int
+	// Return is the number of tokens, at least 0, of its credit that the
+	// instance gives back to the pool: it stopped admitting them before it
+	// asked. Credit that has ended in Redis is not given back.
+	Return int
+	// CreditTTL is how long a credit handed by this take lasts in Redis. It
+	// must be at least one microsecond when Credit is above 0; the instance
+	// must stop admitting it earlier, as its clock may run slow.
+	CreditTTL time.Duration
 }
 
 // validate checks r fully, so that no request Lua would reject reaches Redis.
@@ -70,6 +101,12 @@ func (r *ExactRequest) validate() error {
 		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, r.TTL)
 	case !finite(r.Give) || r.Give < 0:
 		return fmt.Errorf("%w: give %v is not a non-negative finite number", ErrInvalid, r.Give)
+	case r.Credit < 0:
+		return fmt.Errorf("%w: credit %d is negative", ErrInvalid, r.Credit)
+	case r.Return < 0:
+		return fmt.Errorf("%w: return %d is negative", ErrInvalid, r.Return)
+	case r.CreditTTL < 0 || (r.Credit > 0 && r.CreditTTL < time.Microsecond):
+		return fmt.Errorf("%w: credit ttl %v is less than 1µs", ErrInvalid, r.CreditTTL)
 	}
 	return nil
 }
@@ -78,13 +115,14 @@ func (r *ExactRequest) validate() error {
 // all there, in one script call on Redis server time, and records r.Instance
 // as an exact user of the key (see ExactRequest). A denial takes nothing.
 //
-// The pool's rate is Rate minus what the leases of the other instances may
-// be running, minus Rate/Instances for each instance without a record
+// The pool's rate is Rate minus what the leases of the other instances
+// (and a lease of its own that KeepLease keeps) may be running, minus Rate/Instances for each instance without a record
 // (none with ExactBursts), and never less than 0; while Redis is known to
 // have lost leases (see LeaseRequest.Held), at most Rate/Instances for each
 // exact user. Its burst is Burst in the same proportion to Rate. It refills
 // at its rate up to its burst; a missing pool starts with r.Give tokens, or
-// full with ExactBursts. The result reports both (Take.PoolRate,
+// full with ExactBursts; it holds at most its burst less the live credits
+// of all instances (see ExactRequest.Credit). The result reports both (Take.PoolRate,
 // Take.PoolBurst); RetryAfter is Never when r.N exceeds the pool's burst or
 // its rate is 0, so a caller may ask again once the leases have shrunk.
 //
@@ -116,6 +154,10 @@ func (s *Store) TakeExact(ctx context.Context, r ExactRequest) (Take, error) {
 		strconv.Itoa(r.N),
 		formatFloat(r.Give),
 		flag(r.ExactBursts),
+		flag(r.KeepLease),
+		strconv.Itoa(r.Credit),
+		strconv.Itoa(r.Return),
+		strconv.FormatInt(int64(r.CreditTTL/time.Microsecond), 10),
 	}
 	cmd := exactScript.EvalSha(ctx, s.rdb, keys, args...)
 	if isNoScript(cmd.Err()) {
@@ -134,7 +176,7 @@ func (s *Store) TakeExact(ctx context.Context, r ExactRequest) (Take, error) {
 
 // parseExact reads the reply of exact.lua.
 func parseExact(v any) (Take, error) {
-	f, err := replyStrings(v, 6)
+	f, err := replyStrings(v, 7)
 	if err != nil {
 		return Take{}, err
 	}
@@ -144,10 +186,12 @@ func parseExact(v any) (Take, error) {
 	}
 	rate, err1 := strconv.ParseFloat(f[3], 64)
 	burst, err2 := strconv.ParseFloat(f[4], 64)
-	turn, err3 := strconv.ParseInt(f[5], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || !finite(rate) || !finite(burst) || turn < 0 || (turn > 0 && !t.Allowed) {
+	credit, err3 := strconv.Atoi(f[5])
+	turn, err4 := strconv.ParseInt(f[6], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || !finite(rate) || !finite(burst) ||
+		credit < 0 || turn < 0 || (turn > 0 && !t.Allowed) {
 		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
-	t.PoolRate, t.PoolBurst, t.Turn = rate, burst, time.Duration(turn)*time.Microsecond
+	t.PoolRate, t.PoolBurst, t.Credit, t.Turn = rate, burst, credit, time.Duration(turn)*time.Microsecond
 	return t, nil
 }

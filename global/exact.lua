@@ -14,29 +14,53 @@
 -- ARGV[8]  exact_bursts ("0"/"1"): no instance runs a default share
 --          unasked, so unrecorded instances are counted at 0, and a pool
 --          that does not exist is full
+-- ARGV[9]  keep_lease ("0"/"1", absent = "0"): the instance may hold a
+--          lease of the key that it does not run (yet): it is on its way
+--          from exact decisions to a lease, or this take was sent before
+--          its lease request and lands after it. A live lease record of
+--          the instance is then kept and counted like the others' (the
+--          pool is what it leaves), and no exact record is written while
+--          it lives. "0": the instance stopped running its lease before
+--          asking, and the take drops the lease record.
+-- ARGV[10] credit, at most this many tokens to hand the instance beyond
+--          take, as credit it may admit locally for credit_ttl_us (>= 0,
+--          absent = 0); handed only from a pool at least half full after
+--          them, so that the pool keeps at least half its burst for others
+-- ARGV[11] returned, tokens of its credit the instance gives back: it
+--          stopped admitting them before asking (>= 0, absent = 0)
+-- ARGV[12] credit_ttl_us, how long a credit handed now lasts, us (>= 1
+--          when credit > 0; absent = 0)
 --
 -- The pool is what no lease and no default share holds: the exact users
 -- gave it their default shares, and it takes up what the leases leave.
---   pool_rate  = rate - what the other instances' leases may be running
+--   pool_rate  = rate - what the other instances' leases (and a lease of
+--                the caller's that keep_lease keeps) may be running
 --                - unrecorded * rate/n (0 with exact_bursts), at least 0;
 --                while Redis lost leases ("lost"), at most rate/n for
 --                each exact user, what they gave;
 --   pool_burst = burst * pool_rate / rate.
--- It refills at pool_rate up to pool_burst. A missing pool starts empty,
--- or full with exact_bursts; give is added, up to pool_burst, on the take
--- that creates the caller's record.
+-- It refills at pool_rate up to pool_burst less the live credits of all
+-- instances ("c:" records): what the pool and the credits hold together is
+-- at most pool_burst, so credit admits no burst beyond the pool's. A
+-- missing pool starts empty, or full with exact_bursts; give is added, up
+-- to pool_burst, on the take that creates the caller's record.
 --
 -- Returns {allowed ("0"/"1"), tokens left, retry_after_us, pool_rate,
--- pool_burst, turn_us}, all strings because Redis truncates Lua numbers to
--- integers. retry_after_us is "-1" when the tokens can never be there at
+-- pool_burst, credit handed, turn_us}, all strings because Redis truncates
+-- Lua numbers to integers. retry_after_us is "-1" when the tokens can never
+-- be there at
 -- the current pool_rate and pool_burst. A denial's retry_after_us, and an
 -- admission's turn_us when it left the pool short of another take, is the
 -- caller's turn (see turn below); turn_us is "0" otherwise.
 --
--- Invariant: as in lease.lua. The caller gives up its lease (it stopped
--- running it before asking) and is counted as an exact user, at rate/n;
--- the pool's rate is what the leases and the unrecorded leave, which every
--- lease grant keeps at least rate/n per exact user.
+-- Invariant: as in lease.lua. Without keep_lease the caller gives up its
+-- lease (it stopped running it before asking) and is counted as an exact
+-- user, at rate/n; the pool's rate is what the leases and the unrecorded
+-- leave, which every lease grant keeps at least rate/n per exact user.
+-- With keep_lease and a live lease of its own, the caller is counted at
+-- that lease and the pool is what all the leases leave: what it takes
+-- from the pool and what it runs of its lease once the grant is in force
+-- are both counted.
 
 local key = KEYS[1]
 local inst = ARGV[1]
@@ -47,25 +71,44 @@ local ttl = tonumber(ARGV[5])
 local take = tonumber(ARGV[6])
 local give = tonumber(ARGV[7])
 local exact_bursts = ARGV[8] == '1'
+local keep_lease = ARGV[9] == '1'
+local credit = tonumber(ARGV[10] or '0')
+local returned = tonumber(ARGV[11] or '0')
+local credit_ttl = tonumber(ARGV[12] or '0')
 local valid = inst ~= nil and inst ~= '' and rate and burst and n and ttl
-  and take and give and (ARGV[8] == '0' or ARGV[8] == '1')
-  and not (rate < 0 or burst < 0 or n < 1 or ttl < 1 or take < 0 or give < 0)
+  and take and give and credit and returned and credit_ttl
+  and (ARGV[8] == '0' or ARGV[8] == '1')
+  and (ARGV[9] == nil or ARGV[9] == '0' or ARGV[9] == '1')
+  and not (rate < 0 or burst < 0 or n < 1 or ttl < 1 or take < 0 or give < 0
+  or credit < 0 or returned < 0 or credit_ttl < 0 or (credit > 0 and credit_ttl < 1))
 if not valid then
   return redis.error_reply('ERR hybridlimit: invalid exact arguments')
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local self, self_x = 'i:' .. inst, 'x:' .. inst
+local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
 local share = rate / n
 
 local h = read_hash(redis.call('HGETALL', key), inst, now)
+-- kept is the caller's live lease when keep_lease keeps it: Redis counts
+-- the caller at that lease, as it counts the others', and the caller takes
+-- from the pool without an exact record. lease.lua turns an exact record
+-- into a lease record in one step, so a take that lands after a lease
+-- request can never count the caller at its default share while it runs a
+-- larger grant.
+local kept = nil
+if keep_lease and h.own ~= nil then
+  kept = h.own
+  h.others = h.others + holds(kept, now)
+  h.last = math.max(h.last, lease_end(kept))
+end
 -- The caller's record lives at least until now + ttl, and, if it drops a
 -- lease that counted it below its default share, until the others' leases
 -- granted meanwhile have ended: a release of the record then lets it run
 -- its default share at once (see lease.lua).
 local expiry = math.max(now + ttl, h.own_x or 0)
-if h.own ~= nil then
+if h.own ~= nil and kept == nil then
   h.dead[#h.dead + 1] = self
   if holds(h.own, now) < share then expiry = math.max(expiry, h.leases_end) end
 end
@@ -80,7 +123,12 @@ local function pool_size()
     unrecorded = math.max(0, math.floor(n) - 1 - h.recorded)
   end
   local frac = (n - unrecorded) / n - h.others / rate
-  if h.lost ~= nil then frac = math.min(frac, (h.exact + 1) / n) end
+  if h.lost ~= nil then
+    -- What the exact users gave: the caller too, unless its lease counts it.
+    local users = h.exact
+    if kept == nil then users = users + 1 end
+    frac = math.min(frac, users / n)
+  end
   frac = math.max(0, math.min(1, frac))
   return rate * frac, burst * frac
 end
@@ -99,12 +147,19 @@ local function pool_tokens(pool_rate, pool_burst)
   end
   -- The server clock may step back after a failover; never refill negatively.
   tokens = tokens + math.max(0, now - last) * pool_rate / 1000000
-  if h.own_x == nil then tokens = tokens + give end
+  if h.own_x == nil and kept == nil then tokens = tokens + give end
   return math.max(0, math.min(tokens, pool_burst))
 end
 
 local pool_rate, pool_burst = pool_size()
-local tokens = pool_tokens(pool_rate, pool_burst)
+-- The caller's credit, less what it gives back; the pool holds at most
+-- what the credits of all instances leave of its burst.
+local own_c, own_ends = 0, 0
+if h.own_c ~= nil then own_c, own_ends = h.own_c.tokens, h.own_c.ends end
+local back = math.min(returned, own_c)
+own_c = own_c - back
+local cap = math.max(0, pool_burst - (h.credits - back))
+local tokens = math.min(pool_tokens(pool_rate, pool_burst) + back, cap)
 
 -- Fractions of a share leave rounding errors: forgive them.
 local eps = 1e-9
@@ -134,6 +189,7 @@ local function turn(wait, size)
 end
 
 local allowed, retry, next_turn = '0', 0, 0
+local extra = 0
 if take <= tokens + eps then
   allowed = '1'
   tokens = math.max(0, tokens - take)
@@ -142,18 +198,36 @@ if take <= tokens + eps then
     -- are, waits for its turn too.
     next_turn = turn(math.ceil((1 - tokens) * 1000000 / pool_rate), 1)
   end
+  if credit > 0 then
+    -- Ahead of the caller's requests, from a pool that stays at least
+    -- half full: a key near its limit gets none.
+    extra = math.max(0, math.min(credit, math.floor(tokens - pool_burst / 2 + eps)))
+    tokens = math.max(0, tokens - extra)
+    own_c = own_c + extra
+  end
 elseif take > pool_burst + eps or not (pool_rate > 0) then
   retry = -1
 else
   retry = turn(math.ceil((take - tokens) * 1000000 / pool_rate), take)
 end
 
-redis.call('HSET', key, self_x, string.format('%d', expiry),
-  'p', string.format('%.17g %d', tokens, now))
+local last = h.last
+if kept == nil then
+  redis.call('HSET', key, self_x, string.format('%d', expiry))
+  last = math.max(last, expiry)
+end
+redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))
+if extra > 0 then own_ends = math.max(own_ends, now + credit_ttl) end
+if own_c > 0 then
+  redis.call('HSET', key, self_c, string.format('%.17g %d', own_c, own_ends))
+  last = math.max(last, own_ends)
+elseif h.own_c ~= nil then
+  redis.call('HDEL', key, self_c)
+end
 -- The hash lives as long as its latest record, and until the pool would be
 -- full again: a missing pool is treated as full (exact bursts) or as the
 -- joiner's own tokens.
-local last = math.max(h.last, expiry, h.queue or 0)
+last = math.max(last, h.queue or 0)
 if pool_rate > 0 then
   last = math.max(last, now + math.ceil((pool_burst - tokens) * 1000000 / pool_rate))
 end
@@ -165,5 +239,6 @@ return {
   string.format('%d', retry),
   string.format('%.17g', pool_rate),
   string.format('%.17g', pool_burst),
+  string.format('%d', extra),
   string.format('%d', next_turn),
 }

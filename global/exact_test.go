@@ -157,6 +157,201 @@ func TestTakeExactRecords(t *testing.T) {
 	}
 }
 
+// TestTakeExactKeepLease: an exact user moving to a lease keeps deciding
+// exactly until its grant is in force (make before break). Its lease
+// request turns its exact record into a lease record in one step; a take
+// with KeepLease that lands after it (one sent before it, or one made
+// while the answer is on its way) keeps that lease and counts it, writes
+// no exact record, and takes from what all the leases leave. Without it,
+// the take would drop the lease and count the instance at its default
+// share while it is about to run a larger grant: another instance would be
+// granted the difference.
+func TestTakeExactKeepLease(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate, burst, n = 1.0, 10, 2
+	for _, exactBursts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("exactBursts=%v", exactBursts), func(t *testing.T) {
+			k := fmt.Sprintf("k%v", exactBursts)
+			key := store.LeaseKey("keep", k)
+			take := func(inst string, keep bool) global.Take {
+				t.Helper()
+				got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "keep", Key: k, Instance: inst, Rate: rate,
+					Burst: burst, Instances: n, N: 1, TTL: 10 * time.Second, Give: 5, ExactBursts: exactBursts, KeepLease: keep})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			req := func(inst string, want float64) global.LeaseRequest {
+				return global.LeaseRequest{Limit: "keep", Key: k, Instance: inst, Want: want, Rate: rate,
+					Instances: n, TTL: 10 * time.Second, MaxTTL: 10 * time.Second, ExactBursts: exactBursts}
+			}
+			// b gives its default share up (with split bursts it is
+			// counted at it otherwise); a decides exactly, then asks for a
+			// lease: its exact record becomes a lease record.
+			y := req("b", 0)
+			y.Yield = true
+			lease(t, store, y)
+			take("a", true)
+			g := lease(t, store, req("a", 0.9)).Granted
+			if h, err := readHash(rdb, key); err != nil || h.exact["a"] != 0 || h.leases["a"].granted != g {
+				t.Fatalf("after a's lease: %+v, %v; want a's lease %v and no exact record", h, err, g)
+			}
+			if g <= rate/n {
+				t.Fatalf("a is granted %v; the test needs more than the default share %v", g, rate/n)
+			}
+			// A take of a's lands after the lease request.
+			got := take("a", true)
+			if !approx(got.PoolRate, rate-g) {
+				t.Errorf("a's take after its lease: pool %v/s; want %v, what a's lease leaves", got.PoolRate, rate-g)
+			}
+			h, err := readHash(rdb, key)
+			if err != nil || h.exact["a"] != 0 || h.leases["a"].granted != g {
+				t.Fatalf("after a's take: %+v, %v; want a's lease %v kept and no exact record", h, err, g)
+			}
+			// a's lease still counts: b gets what it leaves, no more.
+			if b := lease(t, store, req("b", rate)).Granted; b > rate-g+1e-9 {
+				t.Errorf("b is granted %v beside a's %v: above the rate %v", b, g, rate)
+			}
+			// Once a's lease is released, a take records a as exact again.
+			lease(t, store, req("a", 0))
+			take("a", true)
+			if h, err := readHash(rdb, key); err != nil || h.exact["a"] == 0 {
+				t.Fatalf("after a's release and take: %+v, %v; want an exact record of a", h, err)
+			}
+		})
+	}
+}
+
+// TestTakeExactCredit: an allowed take may hand its instance credit,
+// tokens beyond N that it admits locally, only from a pool that stays at
+// least half full; the pool then holds at most its burst less the live
+// credits, so that the pool and every credit together never hold more than
+// the burst. Credit given back returns to the pool; credit that ends is
+// gone, and the pool may fill up to its whole burst again.
+func TestTakeExactCredit(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	// So slow that no whole token refills while the test runs.
+	const rate, burst, n = 0.001, 10, 4
+	take := func(k, inst string, tokens, credit, ret int, ttl time.Duration) global.Take {
+		t.Helper()
+		got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "credit", Key: k, Instance: inst, Rate: rate, Burst: burst,
+			Instances: n, N: tokens, TTL: 10 * time.Second, ExactBursts: true, Credit: credit, Return: ret, CreditTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	type row struct {
+		inst              string
+		n, credit, ret    int
+		allowed           bool
+		remaining, handed int64
+	}
+	for _, tt := range []struct {
+		name string
+		rows []row
+	}{
+		{"credit only from a pool at least half full", []row{
+			{inst: "a", n: 1, credit: 3, allowed: true, remaining: 6, handed: 3},
+			// a holds 3: b's take leaves 5 of the 7 the pool may hold, none to spare.
+			{inst: "b", n: 1, credit: 3, allowed: true, remaining: 5},
+			{inst: "b", n: 5, allowed: true, remaining: 0},
+			// The pool holds nothing: a's credit is all that is left of the burst.
+			{inst: "c", n: 1, credit: 3},
+			// a gives its 3 back and takes one of them.
+			{inst: "a", n: 1, ret: 3, allowed: true, remaining: 2},
+			{inst: "c", n: 2, allowed: true, remaining: 0},
+		}},
+		{"a credit larger than the spare half is cut", []row{
+			{inst: "a", n: 2, credit: 9, allowed: true, remaining: 5, handed: 3},
+			// A denial hands nothing.
+			{inst: "b", n: 6, credit: 9, remaining: 5},
+		}},
+		{"no credit from a pool at half or below", []row{
+			{inst: "a", n: 5, credit: 3, allowed: true, remaining: 5},
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			total := 0
+			for i, r := range tt.rows {
+				got := take(tt.name, r.inst, r.n, r.credit, r.ret, 10*time.Second)
+				if got.Allowed != r.allowed || got.Remaining != r.remaining || int64(got.Credit) != r.handed {
+					t.Errorf("row %d %+v: %+v; want allowed %v, remaining %d, credit %d", i, r, got, r.allowed, r.remaining, r.handed)
+				}
+				if got.Allowed {
+					total += r.n + got.Credit - r.ret
+				}
+			}
+			if total > burst {
+				t.Errorf("the takes and the credits hold %d tokens; want at most the burst %d", total, burst)
+			}
+		})
+	}
+
+	t.Run("a credit ends", func(t *testing.T) {
+		if got := take("ends", "a", 1, 4, 0, 100*time.Millisecond); got.Credit != 4 || got.Remaining != 5 {
+			t.Fatalf("a's take: %+v; want credit 4, 5 left", got)
+		}
+		key := store.LeaseKey("credit", "ends")
+		if h, err := readHash(rdb, key); err != nil || h.credit["a"] == "" {
+			t.Fatalf("after a's take: %+v, %v; want a's credit recorded", h, err)
+		}
+		// While a's credit lives the pool may hold 6; once it ends, all 10
+		// (but the 4 are gone: nobody gave them back).
+		if got := take("ends", "b", 0, 0, 0, 0); got.Remaining != 5 {
+			t.Fatalf("b's look: %+v; want 5 left", got)
+		}
+		// Ended, the credit is dropped at the next call.
+		eventually(t, "a's credit to end", func() bool {
+			take("ends", "b", 0, 0, 0, 0)
+			h, err := readHash(rdb, key)
+			return err == nil && h.credit["a"] == ""
+		})
+	})
+}
+
+// TestTakeExactDenialsTakeTurns: denied takes are told successive tokens,
+// not all the same next one, so that their instances do not all come back
+// for it (every denial a script); the take that emptied the pool has the
+// first turn; and no turn is later than the pool's burst allows.
+func TestTakeExactDenialsTakeTurns(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	ctx := context.Background()
+	take := func(inst string, n int) global.Take {
+		t.Helper()
+		got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "turns", Key: "k", Instance: inst, Rate: 1, Burst: 3,
+			Instances: 4, N: n, TTL: 10 * time.Second, ExactBursts: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := take("a", 3); !got.Allowed {
+		t.Fatalf("a's burst: %+v", got)
+	}
+	// One token a second: a, which emptied the pool, has the first turn, b
+	// the second, c the third; d and e, too, the third: turns stop when the
+	// pool would be full (it holds 3), so that no token is lost while every
+	// caller waits.
+	for _, tt := range []struct {
+		inst string
+		turn time.Duration
+	}{{"b", 2 * time.Second}, {"c", 3 * time.Second}, {"d", 3 * time.Second}, {"e", 3 * time.Second}} {
+		got := take(tt.inst, 1)
+		if got.Allowed || got.RetryAfter > tt.turn || got.RetryAfter < tt.turn-100*time.Millisecond {
+			t.Errorf("%s: %+v; want a denial with RetryAfter just under %v", tt.inst, got, tt.turn)
+		}
+	}
+}
+
 func TestTakeExactInvalid(t *testing.T) {
 	ok := global.ExactRequest{Limit: "l", Key: "k", Instance: "a", Rate: 10, Burst: 5, Instances: 2, N: 1, TTL: time.Second}
 	tests := []struct {

@@ -92,3 +92,48 @@ func ExampleStore_TakeExact() {
 		fmt.Println("denied, retry after", take.RetryAfter)
 	}
 }
+
+// With exact bursts an instance may ask for credit: tokens of the pool
+// handed ahead of its next requests, which it admits itself until the
+// credit ends, and gives back what it has left when it next asks. While it
+// moves to a lease it sets KeepLease, so that a take landing after its
+// lease request keeps the lease. This example needs a Redis server, so it
+// is compiled but not run.
+func ExampleStore_TakeExact_credit() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	store := global.New(rdb, "")
+
+	credit, until := 0, time.Time{}
+	allow := func() bool {
+		now := time.Now()
+		if credit > 0 && now.Before(until) {
+			credit--
+			return true
+		}
+		back := 0
+		if now.Before(until) {
+			back = credit
+		}
+		credit = 0
+		take, err := store.TakeExact(context.Background(), global.ExactRequest{
+			Limit: "api", Key: "user-42", Instance: "web-1",
+			Rate: 10, Burst: 10, Instances: 4, N: 1, TTL: 5 * time.Second,
+			ExactBursts: true, KeepLease: true,
+			Credit: 2, Return: back, CreditTTL: 2 * time.Second,
+		})
+		if err != nil {
+			return false
+		}
+		// Stop admitting it before Redis stops counting it.
+		credit, until = take.Credit, now.Add(1800*time.Millisecond)
+		return take.Allowed
+	}
+	admitted := 0
+	for range 12 {
+		if allow() {
+			admitted++
+		}
+	}
+	fmt.Println("admitted", admitted, "of 12")
+}

@@ -102,6 +102,7 @@ type hashState struct {
 	leases map[string]leaseField // by instance
 	exact  map[string]int64      // exact users' record expiry (us), by instance
 	pool   string                // the pool, "" if none
+	credit map[string]string     // exact users' credit, "tokens until_us", by instance
 	lost   int64                 // until when Redis lost leases, 0 if not
 	queue  string                // the latest turn handed out, "at_us instance", "" if none
 }
@@ -121,7 +122,7 @@ func readHash(rdb *redis.Client, key string) (hashState, error) {
 		return hashState{}, err
 	}
 	kv, _ := v[2].([]any)
-	h := hashState{now: sec*1_000_000 + us, leases: map[string]leaseField{}, exact: map[string]int64{}}
+	h := hashState{now: sec*1_000_000 + us, leases: map[string]leaseField{}, exact: map[string]int64{}, credit: map[string]string{}}
 	for i := 0; i+1 < len(kv); i += 2 {
 		id, val := fmt.Sprint(kv[i]), fmt.Sprint(kv[i+1])
 		switch {
@@ -131,12 +132,14 @@ func readHash(rdb *redis.Client, key string) (hashState, error) {
 			h.lost, err = strconv.ParseInt(val, 10, 64)
 		case id == "q":
 			h.queue = val
+		case strings.HasPrefix(id, "c:"):
+			h.credit[id[2:]] = val
 		case strings.HasPrefix(id, "x:"):
 			h.exact[id[2:]], err = strconv.ParseInt(val, 10, 64)
 		case strings.HasPrefix(id, "i:"):
 			h.leases[id[2:]], err = parseLeaseField(val)
 		default:
-			err = fmt.Errorf("want i:, x:, p, q or lost")
+			err = fmt.Errorf("want i:, x:, c:, p, q or lost")
 		}
 		if err != nil {
 			return hashState{}, fmt.Errorf("lease hash field %s=%q: %w", id, val, err)

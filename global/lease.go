@@ -17,7 +17,10 @@ import (
 // lease at the larger of its grant and Running, an exact user (see
 // ExactRequest) at Rate/Instances, the share it gave the key's pool, and
 // one with no record at all ("unrecorded") at its default share,
-// Rate/Instances, which it may run without asking.
+// Rate/Instances, which it may run without asking. A request that is not a
+// release replaces the instance's exact record with its lease record in one
+// step, so an exact user moving to a lease is counted at one or the other,
+// never at neither.
 type LeaseRequest struct {
 	// Limit and Key name the lease hash, see Store.LeaseKey.
 	Limit, Key string

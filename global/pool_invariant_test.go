@@ -51,11 +51,10 @@ func (s simKey) runs(now time.Time, def float64) float64 {
 }
 
 // poolRate is the rate of the pool of the hash h for n instances: what the
-// leases and the unrecorded instances leave, 0 when no instance is exact.
+// leases and the unrecorded instances leave. It is there even when no
+// instance is exact: a take that keeps its instance's lease
+// (ExactRequest.KeepLease) draws from it without an exact record.
 func poolRate(h hashState, rate float64, n int) float64 {
-	if len(h.exact) == 0 {
-		return 0
-	}
 	recorded := map[string]bool{}
 	held := 0.0
 	for id, f := range h.leases {
@@ -88,8 +87,11 @@ func boolFloat(b bool) float64 {
 // TestPoolRandomInvariant: simulated instances move at random between
 // their default share, leases, yields, releases and exact takes, and lose
 // a quarter of the lease answers; each lowers what it runs before it asks,
-// and raises it only on an answer. At every step, what the instances run
-// on a key plus the rate of its pool is at most the key's rate.
+// and raises it only on an answer. Some exact takes keep the instance's
+// lease (KeepLease), as a take on its way when the instance's lease
+// request overtook it, with the grant perhaps already in force. At every
+// step, what the instances run on a key plus the rate of its pool is at
+// most the key's rate.
 func TestPoolRandomInvariant(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -179,11 +181,17 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 		sim[id] = simKey{place: placeReturn, until: out[0].Expires}
 		mu.Unlock()
 		return nil
-	default: // exact: stops its lease first
-		sim[id] = simKey{place: placeExact}
+	default: // exact: stops its lease first, or keeps it
+		keep := rng.IntN(2) == 0
+		if !keep || s.place != placeLease {
+			// A take that keeps a lease it runs is one sent before the
+			// lease request, landing after it; otherwise the instance
+			// decides exactly and runs nothing locally.
+			sim[id] = simKey{place: placeExact}
+		}
 		mu.Unlock()
 		_, err := store.TakeExact(ctx, global.ExactRequest{Limit: "pool", Key: id[1], Instance: id[0], Rate: rate,
-			Burst: 10, Instances: req.Instances, N: rng.IntN(3), TTL: ttl})
+			Burst: 10, Instances: req.Instances, N: rng.IntN(3), TTL: ttl, KeepLease: keep})
 		return err
 	}
 	sim[id] = s

@@ -7,7 +7,13 @@
 --                   instance said it was running a grant until then;
 --   "x:<instance>"  an exact user, which decides each request against the
 --                   pool and runs nothing locally: "expiry_us";
---   "p"             the pool, a token bucket: "tokens last_us";
+--   "c:<instance>"  credit: tokens an exact user took from the pool ahead
+--                   of its requests, which it may admit locally until
+--                   then: "tokens until_us". Counted against the pool's
+--                   burst until then, whatever record the instance holds;
+--   "p"             the pool, a token bucket: "tokens last_us queue_us"
+--                   (queue_us: the end of the last turn promised to a
+--                   denied request, see exact.lua);
 --   "lost"          until when (us) Redis is known to have lost leases
 --                   that instances may still run (see lease.lua);
 --   "q"             the latest turn exact.lua handed out: "at_us
@@ -72,14 +78,17 @@ end
 --   leases_end when the latest of the others' leases ends, or 0;
 --   own       this instance's live lease (decoded), or nil;
 --   own_x     when this instance's live "x:" record ends, or nil;
+--   credits   the live credit of every instance, this one's included;
+--   own_c     this instance's live credit {tokens, ends}, or nil;
 --   lost      until when Redis lost leases, nil if it did not or that ended;
 --   pool      the pool's value, nil if there is none;
 --   queue     the "q" field's time, nil if there is none or it has passed;
 --   queue_by  the instance that turn is for.
 local function read_hash(fields, inst, now)
-  local self, self_x = 'i:' .. inst, 'x:' .. inst
+  local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
   local h = {dead = {}, wants = {}, others = 0, exact = 0, recorded = 0,
-    last = 0, leases_end = 0, own = nil, own_x = nil, lost = nil, pool = nil}
+    last = 0, leases_end = 0, own = nil, own_x = nil, lost = nil, pool = nil,
+    credits = 0, own_c = nil}
   local seen = {} -- other instances with a live record, by id
   for i = 1, #fields, 2 do
     local id, v = fields[i], fields[i + 1]
@@ -112,6 +121,16 @@ local function read_hash(fields, inst, now)
         h.exact = h.exact + 1
         if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end
         h.last = math.max(h.last, e)
+      end
+    elseif kind == 'c:' then
+      local c, e = string.match(v, '^(%S+) (%S+)$')
+      c, e = tonumber(c), tonumber(e)
+      if not c or not e or e <= now then
+        h.dead[#h.dead + 1] = id
+      else
+        h.credits = h.credits + c
+        h.last = math.max(h.last, e)
+        if id == self_c then h.own_c = {tokens = c, ends = e} end
       end
     elseif kind == 'i:' then
       local l = decode_lease(v)

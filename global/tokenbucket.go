@@ -33,6 +33,10 @@ type Take struct {
 	// another take of the same size, how long until this caller's turn to
 	// take again (see TakeExact); zero otherwise, and always for TakeN.
 	Turn time.Duration
+	// Credit is, for TakeExact, the number of tokens handed to the caller
+	// beyond the n it took, which it may admit locally until the request's
+	// CreditTTL has passed (see ExactRequest.Credit); zero for TakeN.
+	Credit int
 }
 
 // TakeN runs the classic atomic token bucket of (limit, key) in Redis: it

@@ -178,8 +178,12 @@ type Limit struct {
 	// ExactBursts (Hybrid limits only) admits a client's burst of up to
 	// Burst requests whole, wherever it lands: the first decisions of a key
 	// on an instance are exact ones (one script against the key's pool in
-	// Redis), and the key moves to a lease when its traffic there is heavy.
-	// False, the zero value, splits bursts: keys start at their default
+	// Redis), and the key moves to a lease when its traffic there is heavy
+	// or steady, deciding exactly until the lease is in force. An allowed
+	// exact decision may bring a few tokens of credit from a pool at least
+	// half full (at most this instance's part of Burst, for 2 s), which
+	// later decisions admit in process; the pool and the credits together
+	// never hold more than Burst. False, the zero value, splits bursts: keys start at their default
 	// share with no Redis at all, and a burst on a fresh key is cut at this
 	// instance's part of Burst until the other instances yield theirs. See
 	// the README for measured figures of both.

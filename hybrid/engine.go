@@ -103,10 +103,13 @@ const (
 	// stateExact: every decision is one script against the key's pool in
 	// Redis, with a deny cache; the key's default share went to the pool.
 	stateExact
-	// stateLeaving: an exact key on its way to a lease. It decides
-	// nothing until the exact decisions still on their way have ended,
-	// then asks for a lease (an exact decision after the lease request
-	// would record it as exact again).
+	// stateLeaving: an exact key on its way to a lease (make before
+	// break). It keeps deciding exactly, with takes that keep and count a
+	// lease record of this instance (markExact), and asks for a lease at
+	// every tick until a grant is in force; a key whose takes dropped a
+	// lease record (markExactDropLease) first waits until those still on
+	// their way have ended, since one landing after the lease request
+	// would drop the new lease while the key runs it.
 	stateLeaving
 )
 
@@ -224,9 +227,20 @@ func (s instantShares) Unassign(t instant, key string) bool {
 	return s.keyShares.Unassign(s.clock.time(t), key)
 }
 
-// markExact is the local mark of a key in the exact placement: its
-// decisions go to Redis.
-const markExact uint8 = 1
+// The local marks of a key in the exact placement: its decisions go to
+// Redis, one script each.
+const (
+	// markExact: the key's takes keep a lease record Redis may hold for
+	// this instance, and count it (global.ExactRequest.KeepLease): the key
+	// runs no lease, or not yet. A key that leaves the exact placement
+	// for a lease keeps deciding exactly until its grant is in force: a
+	// take that lands after the lease request cannot undo it.
+	markExact uint8 = 1
+	// markExactDropLease: the key stopped running a lease to decide
+	// exactly, and its takes drop that lease's record, so that what it
+	// held goes to the pool at once.
+	markExactDropLease uint8 = 2
+)
 
 // Thresholds of the placement policy.
 const (
@@ -371,7 +385,7 @@ func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls [
 		if le == nil {
 			le = &lease{sentAt: e.clock.instant(st.Created)}
 			le.demand.open(le.sentAt)
-			if st.Mark == markExact {
+			if st.Mark != 0 {
 				le.state = stateExact
 			}
 			e.keys[st.Key] = le
@@ -430,7 +444,7 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		if e.exactBursts {
 			// Back from an outage: decide exactly again.
 			if !e.degraded {
-				e.toExact(now, st.Key, le)
+				e.toExact(now, st.Key, le, markExact)
 			}
 			return calls
 		}
@@ -456,13 +470,7 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		}
 		return calls
 	case stateLeaving:
-		if now.Before(le.renewAt) {
-			return calls
-		}
-		c := e.leaseCall(now, n, def, st, le)
-		c.req.Running, c.req.RunningFor, c.req.Held = 0, 0, false
-		le.state = stateAsking
-		return append(calls, c)
+		return e.stepLeaving(now, n, def, st, le, calls)
 	case stateExact:
 		return e.stepExact(now, n, def, st, le, calls)
 	}
@@ -545,10 +553,18 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 		if !heavy && !steady {
 			return calls
 		}
-		e.shares.SetMark(st.Key, 0)
-		e.shares.Assign(now, st.Key, local.Share{}, now.Add(e.t.uncontendedTTL))
-		le.state, le.renewAt = stateLeaving, now.Add(e.t.redisTimeout+e.t.tick)
-		return calls
+		le.state = stateLeaving
+		if st.Mark == markExactDropLease {
+			// Its takes drop a lease record: one that lands after the
+			// lease request would drop the new lease. From now on they
+			// keep it, and the request waits until those sent before
+			// have ended.
+			e.shares.SetMark(st.Key, markExact)
+			le.renewAt = now.Add(e.t.redisTimeout + e.t.tick)
+			return calls
+		}
+		le.renewAt = now
+		return e.stepLeaving(now, n, def, st, le, calls)
 	}
 	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && d*headroom >= def*exactLeaveBelow && !heavy {
 		return calls
@@ -564,11 +580,28 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	return calls
 }
 
-// toExact moves key to the exact placement at now: it decides nothing
-// locally from then on.
-func (e *engine) toExact(now instant, key string, le *lease) {
+// stepLeaving asks for the lease of a key on its way from the exact
+// placement, once due, and again at every tick until a grant is in force.
+// The key keeps deciding exactly meanwhile: Redis counts it as an exact
+// user until the lease request turns that record into a lease record, and
+// at the lease from then on, while its takes keep and count that lease.
+func (e *engine) stepLeaving(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
+	if now.Before(le.renewAt) {
+		return calls
+	}
+	c := e.leaseCall(now, n, def, st, le)
+	// It runs nothing locally until the grant is in force.
+	c.req.Running, c.req.RunningFor, c.req.Held = 0, 0, false
+	le.renewAt = now.Add(e.t.tick)
+	return append(calls, c)
+}
+
+// toExact moves key to the exact placement at now with mark (markExact, or
+// markExactDropLease for a key that stopped running a lease): it decides
+// nothing locally from then on.
+func (e *engine) toExact(now instant, key string, le *lease, mark uint8) {
 	e.shares.Assign(now, key, local.Share{}, now.Add(e.t.uncontendedTTL))
-	e.shares.SetMark(key, markExact)
+	e.shares.SetMark(key, mark)
 	le.state, le.renewAt, le.granted = stateExact, now.Add(e.t.contendedTTL), 0
 }
 
@@ -577,7 +610,7 @@ func (e *engine) toExact(now instant, key string, le *lease) {
 func (e *engine) returned(now instant, key string, le *lease) {
 	le.returning, le.granted = false, 0
 	if e.exactBursts && !e.degraded {
-		e.toExact(now, key, le)
+		e.toExact(now, key, le, markExact)
 		return
 	}
 	le.state = stateDefault
@@ -756,7 +789,7 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 	if res.Contended && c.req.Want > def && e.share(res.Fair).Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
 		// Lower first (the key stops running its grant), then the first
 		// exact decision tells Redis, which drops the lease record then.
-		e.toExact(at, c.req.Key, le)
+		e.toExact(at, c.req.Key, le, markExactDropLease)
 		return false
 	}
 	e.shares.SetMark(c.req.Key, 0)

@@ -51,14 +51,18 @@ type rig struct {
 	expired                      int
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t *testing.T, exactBursts bool) *rig {
 	t.Helper()
 	loc, err := local.New(local.Config{Limit: eRate, Burst: eBurst, Instances: eN})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if exactBursts {
+		// As New does: from the first decision.
+		loc.SetNewMark(markExact)
+	}
 	r := &rig{t: t, loc: loc, n: eN}
-	r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: eBurst}, "me",
+	r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: eBurst, ExactBursts: exactBursts}, "me",
 		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
 	return r
 }
@@ -279,11 +283,13 @@ type table struct {
 	steps   []step
 	// after, if set, runs after step i has been checked.
 	after func(r *rig, i int)
+	// exactBursts runs the table on a limit with Limit.ExactBursts.
+	exactBursts bool
 }
 
 func run(t *testing.T, tb table) *rig {
 	t.Helper()
-	r := newRig(t)
+	r := newRig(t, tb.exactBursts)
 	next := t0 // the next tick instant the load has not decided at
 	for i, s := range tb.steps {
 		now := t0.Add(s.at)
@@ -314,7 +320,7 @@ func (r *rig) checkCalls(where string, got []call, want []req) {
 		if n == 0 {
 			n = r.n
 		}
-		ok := g.Key == "k" && g.Limit == "api" && g.Instance == "me" && g.Rate == eRate && g.MaxTTL == eLife && !g.ExactBursts &&
+		ok := g.Key == "k" && g.Limit == "api" && g.Instance == "me" && g.Rate == eRate && g.MaxTTL == eLife && g.ExactBursts == r.eng.exactBursts &&
 			g.Instances == n && g.TTL == w.ttl && g.Running == w.running && g.RunningFor == w.runningFor &&
 			g.Held == w.held && g.Yield == w.yield && got[i].kind == w.kind &&
 			(w.want == anyWant || math.Abs(g.Want-w.want) < 1e-9) && (got[i].lease == nil) == w.releaseOnly
@@ -483,7 +489,7 @@ func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 		}
 	})
 	t.Run("demand grows past a want below the fair share", func(t *testing.T) {
-		r := newRig(t)
+		r := newRig(t, false)
 		for at := time.Duration(0); at <= 1050*ms; at += eTick {
 			r.loc.Allow(t0.Add(at), "k") // 20/s, wanting 22/s
 		}
@@ -794,7 +800,7 @@ func TestEngineInstancesChange(t *testing.T) {
 	for _, n := range []int{4, 8} {
 		// A burst 10 ms ago says 100/s; a key is taken to want at most
 		// its default share until it has more to go on.
-		r := newRig(t)
+		r := newRig(t, false)
 		r.n = n
 		r.loc.SetInstances(t0, n)
 		def := eRate / float64(n)
@@ -1078,8 +1084,8 @@ func exactSteps() []step {
 	return []step{
 		{at: 0, do: decide(overShare)},
 		{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
-		{at: 50 * ms, do: grant(10, 10, true), state: stateExact, none: true, mark: markExact},
-		{at: 100 * ms, do: decideOne(false, markExact), state: stateExact, none: true, mark: markExact},
+		{at: 50 * ms, do: grant(10, 10, true), state: stateExact, none: true, mark: markExactDropLease},
+		{at: 100 * ms, do: decideOne(false, markExactDropLease), state: stateExact, none: true, mark: markExactDropLease},
 	}
 }
 
@@ -1092,10 +1098,10 @@ func exactSteps() []step {
 // ended; it returns to its default share when the release is acknowledged.
 func TestEngineExact(t *testing.T) {
 	steps := exactSteps()
-	ex := step{state: stateExact, none: true, mark: markExact}
+	ex := step{state: stateExact, none: true, mark: markExactDropLease}
 	// 20/s from 100 ms to 1 s.
 	for at := 150 * ms; at <= 1000*ms; at += eTick {
-		steps = append(steps, step{at: at, do: decide(1), state: stateExact, none: true, mark: markExact})
+		steps = append(steps, step{at: at, do: decide(1), state: stateExact, none: true, mark: markExactDropLease})
 		ex.at, ex.do = at, tick()
 		steps = append(steps, ex)
 	}
@@ -1126,7 +1132,7 @@ func TestEngineExact(t *testing.T) {
 // denies a request.
 func TestEngineExactDegraded(t *testing.T) {
 	run(t, table{steps: append(exactSteps(),
-		step{at: 100 * ms, do: degrade(true), state: stateExact, none: true, mark: markExact},
+		step{at: 100 * ms, do: degrade(true), state: stateExact, none: true, mark: markExactDropLease},
 		step{at: 100 * ms, do: tick(), state: stateDefault},
 		step{at: 300 * ms, do: decideOne(true, 0), state: stateDefault},
 		step{at: 300 * ms, do: tick(), state: stateDefault},
@@ -1172,4 +1178,53 @@ func TestEngineDegradeAndRecovery(t *testing.T) {
 func (c call) String() string {
 	return fmt.Sprintf("{%s kind %d want %.4g ttl %v running %v for %v held %v yield %v n %d nothing waits %v}",
 		c.req.Key, c.kind, c.req.Want, c.req.TTL, c.req.Running, c.req.RunningFor, c.req.Held, c.req.Yield, c.req.Instances, c.lease == nil)
+}
+
+// TestEngineExactBurstsLeave: with exact bursts a key starts exact, and
+// one whose demand its default share's burst splits well (20/s against a
+// share of 25/s, burst 5) leaves for a lease at its first check (half
+// ContendedTTL after it came): make before break. It asks at once, keeps
+// deciding exactly (still marked) while the request is on its way or
+// failed, asks again at the next tick, and decides locally only once the
+// grant is in force.
+func TestEngineExactBurstsLeave(t *testing.T) {
+	ex := step{state: stateExact, mark: markExact}
+	steps := []step{{at: 0, do: decideOne(false, markExact), state: stateDefault, mark: markExact}}
+	steps = append(steps, ticks(0, 250*ms, ex)...)
+	run(t, table{perTick: 1, exactBursts: true, steps: append(steps,
+		// Measured over the gaps of its 8 decisions: 7 in 300 ms, with
+		// headroom 25.7/s.
+		step{at: 300 * ms, do: tick(), calls: []req{{want: 7 / 0.3 * headroom, ttl: eUTTL}}, state: stateLeaving, mark: markExact},
+		step{at: 300 * ms, do: decideOne(false, markExact), state: stateLeaving, mark: markExact},
+		step{at: 300 * ms, do: fail(), state: stateLeaving, mark: markExact},
+		step{at: 320 * ms, do: decideOne(false, markExact), state: stateLeaving, mark: markExact},
+		step{at: 350 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL}}, state: stateLeaving, mark: markExact},
+		step{at: 350 * ms, do: grant(30, 30, false), state: stateHeld, share: leased(30)},
+		step{at: 400 * ms, do: tick(), state: stateHeld, share: leased(30)},
+	)})
+}
+
+// TestEngineExactBurstsLeaveAfterDrop: a key that went exact from a lease
+// grant (a contended fair share whose burst part is 2 tokens) has takes
+// that drop its lease record. When it leaves for a lease it first switches
+// its takes to keeping one, and asks only RedisTimeout plus a tick later,
+// when every take that could drop the new lease has ended; it decides
+// exactly all along.
+func TestEngineExactBurstsLeaveAfterDrop(t *testing.T) {
+	steps := ticks(0, 250*ms, step{state: stateExact, mark: markExact})
+	steps = append(steps,
+		// 40/s: 13 gaps in 300 ms, with headroom 47.7/s.
+		step{at: 300 * ms, do: tick(), calls: []req{{want: 13 / 0.3 * headroom, ttl: eUTTL}}, state: stateLeaving, mark: markExact},
+		step{at: 300 * ms, do: grant(14.5, 14.5, true), state: stateExact, none: true, mark: markExactDropLease},
+	)
+	steps = append(steps, ticks(350*ms, 850*ms, step{state: stateExact, none: true, mark: markExactDropLease})...)
+	steps = append(steps,
+		step{at: 900 * ms, do: tick(), state: stateLeaving, none: true, mark: markExact},
+		step{at: 900 * ms, do: decideOne(false, markExact), state: stateLeaving, none: true, mark: markExact},
+	)
+	steps = append(steps, ticks(950*ms, 1050*ms, step{state: stateLeaving, none: true, mark: markExact})...)
+	run(t, table{perTick: 2, exactBursts: true, steps: append(steps,
+		step{at: 1100 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL}}, state: stateLeaving, none: true, mark: markExact},
+		step{at: 1100 * ms, do: grant(40, 40, true), state: stateHeld, share: leased(40)},
+	)})
 }

@@ -57,13 +57,20 @@ func TestExactWaitsOnlyWhileRedisMayAnswer(t *testing.T) {
 
 	proxy.Blackhole(t)
 	// Before the limit degrades, an exact decision waits, but no longer
-	// than RedisTimeout; it is denied, not failed open.
-	d, took := timed(hybrid.FailOpen.String(), "was-exact")
-	if took < redisTimeout/2 || took > redisTimeout+redisTimeout/2 {
-		t.Errorf("an exact decision with Redis unreachable took %v; want it bounded by RedisTimeout (%v)", took, redisTimeout)
-	}
-	if d.Allowed {
-		t.Errorf("an exact decision that Redis did not answer was admitted: %+v", d)
+	// than RedisTimeout; it is denied, not failed open. The first decisions
+	// may be admitted in process, from credit the first one brought.
+	for i := 0; ; i++ {
+		d, took := timed(hybrid.FailOpen.String(), "was-exact")
+		if d.Allowed && took < redisTimeout/2 && i < 10 {
+			continue // credit
+		}
+		if took < redisTimeout/2 || took > redisTimeout+redisTimeout/2 {
+			t.Errorf("an exact decision with Redis unreachable took %v; want it bounded by RedisTimeout (%v)", took, redisTimeout)
+		}
+		if d.Allowed {
+			t.Errorf("an exact decision that Redis did not answer was admitted: %+v", d)
+		}
+		break
 	}
 
 	eventually(t, 20*redisTimeout, "every limit degraded", func() bool {

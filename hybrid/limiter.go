@@ -102,6 +102,8 @@ type limitState struct {
 	// unlogged holds the cause of a degrade made by a decision, whose log
 	// line the loop writes (see explain): a decision does not wait for it.
 	unlogged atomic.Pointer[error]
+	// credits holds the credit of exact keys (ExactBursts limits only).
+	credits creditBook
 
 	// Owned by the lease loop goroutine, and by Close once it has stopped.
 	eng     *engine // the lease policy; nil unless applied.Mode is Hybrid
@@ -274,8 +276,10 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 // exact denial, and an exact admission that left the key's pool empty, is
 // followed by a hold: later requests on that key are denied in process
 // until the turn Redis gave this instance (when tokens would be there for
-// it, the instances that must wait taking turns). A denial is a
-// Decision with Allowed false, not an error. AllowN returns an error for an
+// it, the instances that must wait taking turns). With ExactBursts, the
+// credit an allowed exact decision brought is admitted in process too (see
+// Limit.ExactBursts). A denial is a Decision with Allowed false, not an
+// error. AllowN returns an error for an
 // unknown limit (ErrUnknownLimit), n below 1 (ErrInvalidN), after Close
 // (ErrClosed), or when ctx ends during a Global decision. When n exceeds the
 // limit's burst it returns a denial with RetryAfter Never together with
@@ -343,8 +347,8 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 	if ls.Mode == Hybrid {
 		degraded := ls.degraded.Load()
 		switch {
-		case r.Mark == markExact:
-			m, err := l.marked(ctx, ls, key, n, now, r.Hold, degraded)
+		case r.Mark != 0:
+			m, err := l.marked(ctx, ls, key, n, now, r.Mark, r.Hold, degraded)
 			if err == nil {
 				*d = m
 			}
@@ -405,10 +409,10 @@ func (l *Limiter) exceedsBurst(ls *limitEntry, n int) (Decision, error) {
 // limiter marked the key as in the exact placement at now (hold is its deny
 // cache, see exact): with one script against the key's pool in Redis, or,
 // while the limit is degraded, by the outage policy.
-func (l *Limiter) marked(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, hold time.Duration, degraded bool) (Decision, error) {
+func (l *Limiter) marked(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, mark uint8, hold time.Duration, degraded bool) (Decision, error) {
 	switch {
 	case !degraded:
-		d, err := l.exact(ctx, ls, key, n, now, hold)
+		d, err := l.exact(ctx, ls, key, n, now, mark, hold)
 		if err != nil {
 			return Decision{}, err
 		}
@@ -437,10 +441,21 @@ func (ls *limitEntry) finish(d Decision) Decision {
 // exact decides n tokens of key, in the exact placement, with one script
 // against the key's pool, bounded by RedisTimeout; hold is the local
 // limiter's deny cache: a denial that said "nothing until t" is repeated
-// here until t, and hold is what is left of it at now.
-func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, hold time.Duration) (Decision, error) {
+// here until t, and hold is what is left of it at now; mark is the key's
+// mark (markExact or markExactDropLease).
+func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, mark uint8, hold time.Duration) (Decision, error) {
 	if hold > 0 {
 		return Decision{RetryAfter: hold, Source: SourceGlobal}, nil
+	}
+	var want, back int
+	if ls.ExactBursts {
+		// Credit Redis handed ahead of this request is admitted here;
+		// otherwise what is left of it goes back with the request.
+		if left, ok := ls.credits.use(key, n, now); ok {
+			return Decision{Allowed: true, Remaining: int64(left), Source: SourceGlobal}, nil
+		}
+		back = ls.credits.surrender(key, now)
+		want = creditFor(ls.Burst, ls.loc.Instances())
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	t, err := l.store.TakeExact(cctx, global.ExactRequest{
@@ -449,6 +464,10 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// at N-hat: an atomic load, where shareCount takes a lock.
 		Rate: ls.Rate, Burst: ls.Burst, Instances: ls.loc.Instances(), N: n,
 		TTL: l.cfg.UncontendedTTL, ExactBursts: ls.ExactBursts,
+		// A key that stopped running a lease drops its record; any other
+		// keeps one it may be about to run (see markExact).
+		KeepLease: mark != markExactDropLease,
+		Credit:    want, Return: back, CreditTTL: creditLife,
 	})
 	cancel()
 	ls.sent(1)
@@ -476,6 +495,11 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// This admission emptied the pool: the next tokens are for the
 		// callers whose turns come first.
 		ls.loc.SetHold(key, now.Add(t.Turn))
+	}
+	if t.Credit > 0 {
+		// Redis started the credit's life no earlier than now: it ends
+		// here first.
+		ls.credits.add(key, t.Credit, now, now.Add(time.Duration(float64(creditLife)*endEarly)))
 	}
 	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
 	if d.RetryAfter == Never {

@@ -110,3 +110,39 @@ func TestExactDenialIsCached(t *testing.T) {
 		return err == nil && d.Allowed && d.Source == hybrid.SourceGlobal
 	})
 }
+
+// TestExactCredit: with exact bursts, an allowed exact decision may bring
+// credit, tokens of the key's pool handed ahead of the next requests and
+// admitted in process, only while the pool stays at least half full. A
+// burst of Burst requests is still admitted whole, and not one request
+// more, with fewer Redis commands than decisions.
+func TestExactCredit(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: 0.01, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	// A slow loop: its first tick comes after the test, so the key stays
+	// in the exact placement.
+	l := newLimiter(t, hybrid.Config{Redis: srv.Client(t), Members: membership.NewStatic("only", 1), Limits: []hybrid.Limit{lim},
+		Tick: 5 * time.Second, ContendedTTL: 11 * time.Second, UncontendedTTL: 11 * time.Second, RedisTimeout: time.Second})
+	ctx := context.Background()
+	admitted := 0
+	for range 11 {
+		d, err := l.Allow(ctx, "api", "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	st, err := l.Status("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first take leaves 9 and hands 4 (the pool keeps 5); the next 4
+	// are credit; the other 5 are one take each, the last of which empties
+	// the pool and so holds the key until its turn: the denial is decided
+	// in process.
+	if admitted != 10 || st.RedisCommands != 6 {
+		t.Fatalf("a burst of 11: %d admitted with %d Redis commands; want the burst of 10 with 6", admitted, st.RedisCommands)
+	}
+}

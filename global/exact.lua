@@ -21,7 +21,13 @@
 --                - unrecorded * rate/n (0 with exact_bursts), at least 0;
 --                while Redis lost leases ("lost"), at most rate/n for
 --                each exact user, what they gave;
---   pool_burst = burst * pool_rate / rate.
+--   pool_burst = burst * pool_rate / rate, less what the unrecorded hold
+--                of the burst's remainder: the default bursts are
+--                floor(burst/n), plus one token for the instances whose
+--                rank is below burst mod n, and Redis does not know the
+--                ranks, so the unrecorded are counted as if they held as
+--                many of those tokens as they can, min(unrecorded,
+--                burst mod n), above unrecorded * burst/n.
 -- It refills at pool_rate up to pool_burst. A missing pool starts empty,
 -- or full with exact_bursts; give is added, up to pool_burst, on the take
 -- that creates the caller's record.
@@ -80,7 +86,12 @@ local function pool_size()
   local frac = (n - unrecorded) / n - h.others / rate
   if h.lost ~= nil then frac = math.min(frac, (h.exact + 1) / n) end
   frac = math.max(0, math.min(1, frac))
-  return rate * frac, burst * frac
+  -- The remainder tokens the unrecorded may hold beyond burst/n each
+  -- (0 when n divides burst).
+  local whole = math.floor(n)
+  local rem = burst % whole
+  local extra = math.min(unrecorded, rem) - unrecorded * rem / whole
+  return rate * frac, math.max(0, burst * frac - extra)
 end
 
 -- pool_tokens is what the pool holds at now, refilled at pool_rate since

@@ -105,11 +105,13 @@ func ExampleLimiter_SetPlace() {
 	fmt.Println("rank 25 of 30:", l.Default().Burst, l.Allow(t0, "a").Allowed)
 	l.SetPlace(t0, local.Place{Instances: 30, Rank: 25, MinBurst: 1})
 	fmt.Println("with MinBurst 1:", l.Default().Burst, l.Allow(t0, "b").Allowed)
+	fmt.Printf("%+v\n", l.Place())
 	// Output:
 	// unranked: 6
 	// rank 1: 7
 	// rank 25 of 30: 0 false
 	// with MinBurst 1: 1 true
+	// {Instances:30 Rank:25 MinBurst:1}
 }
 
 func ExampleLimiter_Assign() {

@@ -119,7 +119,13 @@ func (r *ExactRequest) validate() error {
 // (and a lease of its own that KeepLease keeps) may be running, minus Rate/Instances for each instance without a record
 // (none with ExactBursts), and never less than 0; while Redis is known to
 // have lost leases (see LeaseRequest.Held), at most Rate/Instances for each
-// exact user. Its burst is Burst in the same proportion to Rate. It refills
+// exact user. Its burst is Burst in the same proportion to Rate, less the
+// tokens of Burst's remainder that the instances without a record may hold
+// by their ranks beyond Burst/Instances each (the default shares hand
+// Burst mod Instances out one token per rank, see local.Split; Redis does
+// not know the ranks and counts the most they may hold), so that the
+// pool, the leases and the default shares never hold more than Burst
+// between them. It refills
 // at its rate up to its burst; a missing pool starts with r.Give tokens, or
 // full with ExactBursts; it holds at most its burst less the live credits
 // of all instances (see ExactRequest.Credit). The result reports both (Take.PoolRate,

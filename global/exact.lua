@@ -38,7 +38,13 @@
 --                - unrecorded * rate/n (0 with exact_bursts), at least 0;
 --                while Redis lost leases ("lost"), at most rate/n for
 --                each exact user, what they gave;
---   pool_burst = burst * pool_rate / rate.
+--   pool_burst = burst * pool_rate / rate, less what the unrecorded hold
+--                of the burst's remainder: the default bursts are
+--                floor(burst/n), plus one token for the instances whose
+--                rank is below burst mod n, and Redis does not know the
+--                ranks, so the unrecorded are counted as if they held as
+--                many of those tokens as they can, min(unrecorded,
+--                burst mod n), above unrecorded * burst/n.
 -- It refills at pool_rate up to pool_burst less the live credits of all
 -- instances ("c:" records): what the pool and the credits hold together is
 -- at most pool_burst, so credit admits no burst beyond the pool's. A
@@ -48,8 +54,7 @@
 -- Returns {allowed ("0"/"1"), tokens left, retry_after_us, pool_rate,
 -- pool_burst, credit handed, turn_us}, all strings because Redis truncates
 -- Lua numbers to integers. retry_after_us is "-1" when the tokens can never
--- be there at
--- the current pool_rate and pool_burst. A denial's retry_after_us, and an
+-- be there at the current pool_rate and pool_burst. A denial's retry_after_us, and an
 -- admission's turn_us when it left the pool short of another take, is the
 -- caller's turn (see turn below); turn_us is "0" otherwise.
 --
@@ -130,7 +135,12 @@ local function pool_size()
     frac = math.min(frac, users / n)
   end
   frac = math.max(0, math.min(1, frac))
-  return rate * frac, burst * frac
+  -- The remainder tokens the unrecorded may hold beyond burst/n each
+  -- (0 when n divides burst).
+  local whole = math.floor(n)
+  local rem = burst % whole
+  local extra = math.min(unrecorded, rem) - unrecorded * rem / whole
+  return rate * frac, math.max(0, burst * frac - extra)
 end
 
 -- pool_tokens is what the pool holds at now, refilled at pool_rate since

@@ -69,6 +69,25 @@ func TestTakeExact(t *testing.T) {
 		{"split: give is capped at the pool's burst", 0.4, 8, 4, []poolStep{
 			{inst: "a", exact: true, give: 5, allowed: true, remaining: 2, poolRate: 0.1, poolBurst: 2},
 		}},
+		{"split, burst 5 over 4: the unrecorded hold the remainder", 0.4, 5, 4, []poolStep{
+			// The default bursts are 2, 1, 1, 1: three unrecorded may hold
+			// 4 of them (1.25 would be 5/4 each), and the pool 1.
+			{inst: "a", exact: true, give: 2, allowed: true, remaining: 1, poolRate: 0.1, poolBurst: 1},
+			// Two unrecorded may hold 3: the pool 2, not 2.5.
+			{inst: "b", exact: true, poolRate: 0.2, allowed: true, remaining: 1, poolBurst: 2},
+			// One may hold 2: the pool 3, not 3.75.
+			{inst: "c", exact: true, poolRate: 0.3, allowed: true, remaining: 1, poolBurst: 3},
+			// Everyone exact: the whole burst.
+			{inst: "d", exact: true, give: 5, allowed: true, remaining: 5, poolRate: 0.4, poolBurst: 5},
+		}},
+		{"split, burst 2 over 4: the unrecorded hold the remainder", 0.4, 2, 4, []poolStep{
+			// The default bursts are 1, 1, 0, 0: three unrecorded hold 2,
+			// the pool nothing (0.5 by proportion).
+			{inst: "a", exact: true, give: 1, allowed: true, poolRate: 0.1, poolBurst: 0},
+			{inst: "b", exact: true, poolRate: 0.2, allowed: true, poolBurst: 0},
+			// One unrecorded holds 1: the pool 1, not 1.5.
+			{inst: "c", exact: true, give: 1, poolRate: 0.3, allowed: true, remaining: 1, poolBurst: 1},
+		}},
 		{"a pool of rate 0 never admits", 1, 10, 1, []poolStep{
 			{inst: "a", want: 1, granted: 1},
 			{inst: "b", exact: true, n: 1, retry: global.Never},

@@ -205,7 +205,11 @@ type Config struct {
 	// Members reports the live instance count N and this instance's name.
 	// Nil means a single instance (membership.NewStatic with a random
 	// name). If it implements io.Closer, Close closes it (leaving the
-	// cluster).
+	// cluster). If it implements membership.Roster (Memberlist and Static
+	// do), the instances rank themselves by their names and the default
+	// shares hand out the burst's remainder by rank, so that they sum to
+	// exactly each limit's burst; without one, each instance's default
+	// burst is burst/N rounded down.
 	Members membership.Counter
 	// Limits are the limits the Limiter starts with, with unique names. At
 	// least one is required. Limiter.SetLimits replaces them while it runs.

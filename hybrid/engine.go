@@ -353,6 +353,25 @@ func (e *engine) share(r float64) local.Share {
 	return local.Share{Limit: rate.Limit(r), Burst: int(float64(e.burst) * r / e.rate)}
 }
 
+// leaseShare is the local share of a grant g that Redis made while
+// counting unrecorded peers at their default shares, n being N-hat: its
+// burst in proportion, less the tokens of the burst's remainder those peers
+// may hold by their ranks beyond burst/n each (see rank.go), rounded down.
+// Redis counts the unrecorded by rate alone, at burst/n of the burst each.
+func (e *engine) leaseShare(g float64, unrecorded, n int) local.Share {
+	s := e.share(g)
+	if unrecorded <= 0 || n <= 1 {
+		return s
+	}
+	rem := e.burst % n
+	extra := float64(min(unrecorded, rem)) - float64(unrecorded*rem)/float64(n)
+	if extra > 0 {
+		// The epsilon keeps a whole number of tokens whole.
+		s.Burst = max(0, int(math.Floor(float64(e.burst)*g/e.rate-extra+1e-9)))
+	}
+	return s
+}
+
 // collect appends to calls the requests due at now for the keys in stats
 // (a snapshot of the limit's keys), n being N-hat, and returns them with
 // the limit's gauges. The keys to ask the peers about are in e.asks.
@@ -779,7 +798,7 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 		// that what it gave up goes to the others.
 		le.renewAt = at.Add(e.t.tick)
 	}
-	share := e.share(res.Granted)
+	share := e.leaseShare(res.Granted, res.Unrecorded, c.req.Instances)
 	// The fair share's part of the burst says whether the split is too
 	// fine, not the grant: a grant starved until others shrink is not.
 	// Only an instance that wants more than its default share moves: one

@@ -60,7 +60,7 @@ type Limiter struct {
 	stopRecv func()
 
 	peakMu  sync.Mutex
-	samples []peerSample // guarded by peakMu: instance counts seen within PeakWindow
+	samples []peerSample // guarded by peakMu: instance counts and names seen within PeakWindow
 
 	// shareMu serialises the changes of the default shares and of the
 	// degraded flags, and the publication of a new set by SetLimits, so
@@ -69,9 +69,13 @@ type Limiter struct {
 	shareMu sync.Mutex
 }
 
+// peerSample is what membership said from at until the next sample's time:
+// the live count and, if it can tell them, the members' names (see
+// rank.go).
 type peerSample struct {
-	at time.Time
-	n  int
+	at    time.Time
+	n     int
+	names []string // sorted; nil when unknown
 }
 
 // outage is why Redis is taken to be unreachable.
@@ -160,7 +164,7 @@ func New(cfg Config) (*Limiter, error) {
 	now := time.Now()
 	l.health = health{quiet: cfg.UncontendedTTL/renewDivisor + cfg.Tick, answered: now}
 	n := l.members.Count()
-	l.samples = []peerSample{{now, n}}
+	l.samples = []peerSample{{at: now, n: n, names: l.roster()}}
 	m.peers.Set(float64(n))
 	if unreachable != nil {
 		unreachable = l.explain(unreachable)
@@ -199,10 +203,12 @@ func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
 		e.degraded.Store(true)
 		e.m.degraded.Set(1)
 	}
-	loc, err := local.New(local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: l.shareCount(e, now)})
+	n, rank := l.place(now)
+	loc, err := local.New(local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: n})
 	if err != nil {
 		return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
 	}
+	loc.SetPlace(now, placeOf(e, n, rank))
 	if lim.Mode == Hybrid && lim.ExactBursts && !e.degraded.Load() {
 		// From the first decision: a key must not run a default share that
 		// Redis does not count.
@@ -461,7 +467,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	t, err := l.store.TakeExact(cctx, global.ExactRequest{
 		Limit: ls.Name, Key: key, Instance: l.members.Name(),
 		// The count the default shares are split by, which the loop keeps
-		// at N-hat: an atomic load, where shareCount takes a lock.
+		// at N-hat: an atomic load, where place takes a lock.
 		Rate: ls.Rate, Burst: ls.Burst, Instances: ls.loc.Instances(), N: n,
 		TTL: l.cfg.UncontendedTTL, ExactBursts: ls.ExactBursts,
 		// A key that stopped running a lease drops its record; any other
@@ -620,8 +626,12 @@ type Status struct {
 	Degraded bool
 	// Instances is the live instance count N.
 	Instances int
-	// LocalShare is the rate and burst of a key without a lease: rate/N, or
-	// rate/N with the largest recent N while degraded.
+	// LocalShare is the rate and burst of a key without a lease: rate/N,
+	// N being the largest count of the last PeakWindow, and this instance's
+	// part of the burst, burst/N rounded down plus a token of the remainder
+	// for the lowest ranks (see local.Split), so that the instances' parts
+	// sum to exactly the burst. A Hybrid limit's part may be 0 (burst below
+	// N); a Local limit, or a degraded one, keeps at least 1 token.
 	LocalShare local.Share
 	// Keys is the number of keys held in memory.
 	Keys int
@@ -696,30 +706,42 @@ func (l *Limiter) Close(ctx context.Context) error {
 // onPeers is called by membership when N changes.
 func (l *Limiter) onPeers(n int) {
 	now := time.Now()
-	l.peakMu.Lock()
-	l.samples = append(l.samples, peerSample{now, n})
-	l.peakMu.Unlock()
+	l.observe(now, n, l.roster())
 	l.m.peers.Set(float64(n))
 	l.resettle.Store(true)
 	l.log.Info("hybridlimit: instance count changed", "instances", n)
 	l.shareMu.Lock()
 	defer l.shareMu.Unlock()
+	n, rank := l.place(now)
 	for _, ls := range l.set.Load().order {
-		ls.loc.SetInstances(now, l.shareCount(ls, now))
+		ls.loc.SetPlace(now, placeOf(ls, n, rank))
 	}
 }
 
-// resplit splits the default share of ls by n, N-hat at now.
+// resplit splits the default share of ls by n, N-hat at now, and this
+// instance's rank at now.
 func (l *Limiter) resplit(ls *limitEntry, now time.Time, n int) {
+	_, rank := l.place(now)
 	l.shareMu.Lock()
 	defer l.shareMu.Unlock()
-	ls.loc.SetInstances(now, n)
+	ls.loc.SetPlace(now, placeOf(ls, n, rank))
 }
 
 // peak returns the largest instance count seen within PeakWindow of now.
 func (l *Limiter) peak(now time.Time) int {
 	l.peakMu.Lock()
 	defer l.peakMu.Unlock()
+	l.prune(now)
+	p := 1
+	for _, s := range l.samples {
+		p = max(p, s.n)
+	}
+	return p
+}
+
+// prune drops the samples that ended before PeakWindow of now. Requires
+// peakMu held.
+func (l *Limiter) prune(now time.Time) {
 	cut := now.Add(-l.cfg.PeakWindow)
 	// A sample holds from its time until the next one's: drop those that
 	// ended before the window. The latest always holds.
@@ -728,19 +750,6 @@ func (l *Limiter) peak(now time.Time) int {
 		i++
 	}
 	l.samples = l.samples[i:]
-	p := 1
-	for _, s := range l.samples {
-		p = max(p, s.n)
-	}
-	return p
-}
-
-// shareCount is the instance count the default share of ls is split by:
-// the largest N seen within PeakWindow, always, so that neither a gossip
-// partition nor a false "dead" verdict nor a crash can inflate anyone's
-// share, with Redis up or down.
-func (l *Limiter) shareCount(_ *limitEntry, now time.Time) int {
-	return max(l.members.Count(), l.peak(now))
 }
 
 // redact returns err with every mention of key replaced, for logs: keys
@@ -793,7 +802,8 @@ func (l *Limiter) setDegraded(ls *limitEntry, on bool, c *cause) {
 	}
 	cur.degraded.Store(on)
 	cur.m.degraded.Set(float64(b2i(on)))
-	cur.loc.SetInstances(now, l.shareCount(cur, now))
+	n, rank := l.place(now)
+	cur.loc.SetPlace(now, placeOf(cur, n, rank))
 	l.shareMu.Unlock()
 	switch {
 	case on && c.later:

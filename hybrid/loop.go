@@ -115,7 +115,10 @@ func (l *Limiter) loop() {
 func (l *Limiter) tick(now time.Time, b *batch) {
 	b.reset()
 	// Redis counts the instances that hold no record of a key by the
-	// largest count of PeakWindow, as the default shares are split.
+	// largest count of PeakWindow, as the default shares are split. The
+	// names may change with the count unchanged (one leaves as another
+	// joins): look at them at every tick, for the ranks.
+	l.observe(now, l.members.Count(), l.roster())
 	n := l.peak(now)
 	set := l.reconcile(now, n, b)
 	resettle := l.resettle.Swap(false)

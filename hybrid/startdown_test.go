@@ -48,7 +48,7 @@ func TestDegradedFromNew(t *testing.T) {
 				if !st.Degraded {
 					t.Errorf("%s: not degraded right after New with Redis down", name)
 				}
-				if want := local.Split(rate, burst, 2); st.LocalShare != want {
+				if want := local.Split(rate, burst, 2, local.NoRank); st.LocalShare != want {
 					t.Errorf("%s: local share %+v, want rate/N %+v", name, st.LocalShare, want)
 				}
 				for i := range 3 {

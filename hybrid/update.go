@@ -112,7 +112,8 @@ func (l *Limiter) change(prev *limitEntry, lim Limit, now time.Time) *limitEntry
 		// Cannot fail: lim is valid.
 		_ = e.loc.SetLimit(now, rate.Limit(lim.Rate), lim.Burst)
 	}
-	e.loc.SetInstances(now, l.shareCount(e, now))
+	n, rank := l.place(now)
+	e.loc.SetPlace(now, placeOf(e, n, rank))
 	return e
 }
 

@@ -2,11 +2,13 @@
 // per key, with golang.org/x/time/rate's arithmetic, each running at this
 // instance's share of the limit.
 //
-// A key starts at the default share (rate/N, burst/N with N the live instance
-// count) and may be assigned another share until a deadline, after which it
-// falls back to the default share by itself, on the next decision, without
-// anyone having to notice. The caller (package hybrid) assigns the shares it
-// leases from Redis; local knows nothing of Redis or membership.
+// A key starts at the default share (rate/N, and burst/N rounded down plus a
+// token of the remainder for the instances of the lowest ranks, N being the
+// instance count: see Split and Place) and may be assigned another share
+// until a deadline, after which it falls back to the default share by
+// itself, on the next decision, without anyone having to notice. The
+// caller (package hybrid) assigns the shares it leases from Redis; local
+// knows nothing of Redis or membership.
 //
 // Keys live in shards chosen by a hash of the key, each a hash table behind
 // one mutex, so that decisions on different keys rarely contend on a lock.

@@ -84,23 +84,53 @@ func ExampleLimiter_AllowNInto() {
 }
 
 func ExampleSplit() {
-	// 100 tokens/s with bursts of 10 over 3 instances: the burst is rounded
-	// down.
-	s := local.Split(100, 10, 3)
-	fmt.Printf("%.2f/s burst %d\n", float64(s.Limit), s.Burst)
+	// 100 tokens/s with bursts of 10 over 3 instances: the first rank gets
+	// the token of the remainder, so that the bursts sum to 10.
+	for rank := range 3 {
+		s := local.Split(100, 10, 3, rank)
+		fmt.Printf("rank %d: %.2f/s burst %d\n", rank, float64(s.Limit), s.Burst)
+	}
 
-	// Every instance keeps a burst of at least 1, even when there are more
-	// instances than tokens of burst.
-	s = local.Split(100, 2, 4)
-	fmt.Printf("%.2f/s burst %d\n", float64(s.Limit), s.Burst)
+	// With fewer tokens of burst than instances, the higher ranks get none:
+	// they admit nothing until they ask for more.
+	fmt.Println("burst 2 over 4:", local.Split(100, 2, 4, 0).Burst, local.Split(100, 2, 4, 3).Burst)
 
-	// An instance count below 1 counts as 1.
-	s = local.Split(100, 10, 0)
-	fmt.Printf("%.2f/s burst %d\n", float64(s.Limit), s.Burst)
+	// An instance that does not know its rank gets no remainder.
+	fmt.Println("unranked:", local.Split(100, 10, 3, local.NoRank).Burst)
 	// Output:
-	// 33.33/s burst 3
-	// 25.00/s burst 1
-	// 100.00/s burst 10
+	// rank 0: 33.33/s burst 4
+	// rank 1: 33.33/s burst 3
+	// rank 2: 33.33/s burst 3
+	// burst 2 over 4: 1 0
+	// unranked: 3
+}
+
+func ExampleLimiter_SetPlace() {
+	// Unranked, as created: 20 tokens of burst over 3 instances is 6 each.
+	l, err := local.New(local.Config{Limit: 90, Burst: 20, Instances: 3})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("unranked:", l.Default().Burst)
+
+	// The first two ranks hold the remainder: 7 + 7 + 6 = 20.
+	l.SetPlace(t0, local.Place{Instances: 3, Rank: 1})
+	fmt.Println("rank 1:", l.Default().Burst)
+
+	// Over 30 instances, rank 25 gets none of the 20 tokens: its keys admit
+	// nothing at the default share. With MinBurst 1 each instance keeps one
+	// (a new key starts with it).
+	l.SetPlace(t0, local.Place{Instances: 30, Rank: 25})
+	fmt.Println("rank 25 of 30:", l.Default().Burst, l.Allow(t0, "a").Allowed)
+	l.SetPlace(t0, local.Place{Instances: 30, Rank: 25, MinBurst: 1})
+	fmt.Println("with MinBurst 1:", l.Default().Burst, l.Allow(t0, "b").Allowed)
+	fmt.Printf("%+v\n", l.Place())
+	// Output:
+	// unranked: 6
+	// rank 1: 7
+	// rank 25 of 30: 0 false
+	// with MinBurst 1: 1 true
+	// {Instances:30 Rank:25 MinBurst:1}
 }
 
 func ExampleLimiter_Assign() {

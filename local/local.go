@@ -26,7 +26,9 @@ type Config struct {
 	// Burst is the limit's global burst in tokens. It must be at least 1.
 	Burst int
 	// Instances is the live instance count N the default share is split by.
-	// Zero means 1.
+	// Zero means 1. The Limiter starts unranked, with a default burst of at
+	// least 1 token: Place{Instances: Instances, Rank: NoRank, MinBurst: 1}
+	// (see SetPlace to split the burst exactly).
 	Instances int
 	// Shards is the number of map shards, rounded up to a power of two.
 	// Zero means DefaultShards.
@@ -36,21 +38,70 @@ type Config struct {
 // Share is the rate and burst one key runs at on this instance.
 type Share struct {
 	Limit rate.Limit // tokens per second
-	Burst int        // tokens, at least 1
+	// Burst is in tokens. An assigned share runs at least 1 unless it
+	// admits nothing; a default share may be 0 (see Split).
+	Burst int
 }
 
-// Split returns the default share of a limit of rate limit and burst burst on
-// one of n instances: limit/n and burst/n, the burst rounded down but at
-// least 1. An n below 1 counts as 1.
-func Split(limit rate.Limit, burst, n int) Share {
+// NoRank is the rank of an instance that does not know its place among
+// the others: it gets no token of the burst's remainder (see Split).
+const NoRank = -1
+
+// Split returns the default share of the instance of rank rank among n
+// instances, of a limit of rate limit and burst burst: limit/n, and
+// burst/n rounded down plus one token of the remainder if rank is below
+// burst mod n. The bursts of ranks 0 to n-1 so sum to exactly burst; a
+// rank outside [0, n), such as NoRank, gets no remainder token, and n
+// instances of distinct ranks never hold more than burst between them. A
+// burst below n gives the ranks from burst on a burst of 0: such an
+// instance admits nothing at its default share and must ask for more
+// first. An n below 1 counts as 1.
+func Split(limit rate.Limit, burst, n, rank int) Share {
 	if n < 1 {
 		n = 1
 	}
 	b := burst / n
-	if b < 1 {
-		b = 1
+	if rank >= 0 && rank < burst%n {
+		b++
 	}
 	return Share{Limit: limit / rate.Limit(n), Burst: b}
+}
+
+// Place is where this instance stands among the instances that split a
+// limit, which decides its default share: Split(limit, burst, Instances,
+// Rank), its burst raised to MinBurst.
+type Place struct {
+	// Instances is the instance count N the limit is split by. Below 1
+	// counts as 1.
+	Instances int
+	// Rank is this instance's rank among them, from 0 to Instances-1, the
+	// same on every instance's view: the lowest ranks get the burst's
+	// remainder (see Split). Instances that split one limit must have
+	// distinct ranks, or their bursts may sum above the limit's. NoRank,
+	// or any rank outside [0, Instances), gets no remainder. Zero is the
+	// first rank.
+	Rank int
+	// MinBurst is the least burst of the default share, in tokens. Zero
+	// lets the split give an instance a burst of 0 (when the limit's burst
+	// is below Instances), so that the instances hold at most the limit's
+	// burst between them; 1 lets every instance admit at its default share
+	// alone, for instances that never ask for more (the shares then sum
+	// above a burst below Instances).
+	MinBurst int
+}
+
+// fix returns p with Instances at least 1 and MinBurst at least 0.
+func (p Place) fix() Place {
+	p.Instances = max(p.Instances, 1)
+	p.MinBurst = max(p.MinBurst, 0)
+	return p
+}
+
+// share is the default share at p of a limit of rate limit and burst burst.
+func (p Place) share(limit rate.Limit, burst int) Share {
+	s := Split(limit, burst, p.Instances, p.Rank)
+	s.Burst = max(s.Burst, p.MinBurst)
+	return s
 }
 
 // Result is the outcome of one decision.
@@ -123,12 +174,12 @@ type Limiter struct {
 	shards []shard
 }
 
-// params are the limit's rate and burst, the instance count its default
-// share is split by, and that share.
+// params are the limit's rate and burst, the place its default share is
+// split by, and that share.
 type params struct {
 	limit rate.Limit
 	burst int
-	n     int
+	place Place
 	def   Share
 	mark  uint8 // of new keys, see SetNewMark
 }
@@ -188,8 +239,8 @@ func New(cfg Config) (*Limiter, error) {
 		mask:   uint64(size - 1),
 		shards: make([]shard, size),
 	}
-	inst := max(cfg.Instances, 1)
-	l.params.Store(&params{limit: cfg.Limit, burst: cfg.Burst, n: inst, def: Split(cfg.Limit, cfg.Burst, inst)})
+	pl := Place{Instances: cfg.Instances, Rank: NoRank, MinBurst: 1}.fix()
+	l.params.Store(&params{limit: cfg.Limit, burst: cfg.Burst, place: pl, def: pl.share(cfg.Limit, cfg.Burst)})
 	return l, nil
 }
 
@@ -211,8 +262,11 @@ func (l *Limiter) Limit() rate.Limit { return l.params.Load().limit }
 func (l *Limiter) Burst() int { return l.params.Load().burst }
 
 // Instances returns the instance count the default share was last split by
-// (Config.Instances, or the last SetInstances), at least 1.
-func (l *Limiter) Instances() int { return l.params.Load().n }
+// (Config.Instances, or the last SetInstances or SetPlace), at least 1.
+func (l *Limiter) Instances() int { return l.params.Load().place.Instances }
+
+// Place returns the place the default share was last split by.
+func (l *Limiter) Place() Place { return l.params.Load().place }
 
 // Default returns the current default share.
 func (l *Limiter) Default() Share { return l.params.Load().def }
@@ -520,19 +574,37 @@ func (l *Limiter) with(key string, f func(*shard, *entry)) bool {
 }
 
 // SetInstances re-splits the default share for n live instances (n below 1
-// counts as 1) and moves every key that runs at the default share to the new
-// share at once. Keys with an assigned share keep it until it ends.
+// counts as 1), keeping the rank and MinBurst of the current Place, and
+// moves every key that runs at the default share to the new share at once.
+// Keys with an assigned share keep it until it ends.
 func (l *Limiter) SetInstances(t time.Time, n int) {
-	n = max(n, 1)
 	l.setMu.Lock()
 	defer l.setMu.Unlock()
+	pl := l.params.Load().place
+	pl.Instances = n
+	l.setPlace(t, pl)
+}
+
+// SetPlace re-splits the default share for this instance's place p, all of
+// it at once, and moves every key that runs at the default share to the
+// new share. Keys with an assigned share keep it until it ends; lapsed keys
+// run the smaller of their share and the new default.
+func (l *Limiter) SetPlace(t time.Time, p Place) {
+	l.setMu.Lock()
+	defer l.setMu.Unlock()
+	l.setPlace(t, p)
+}
+
+// setPlace is SetPlace. Requires l.setMu held.
+func (l *Limiter) setPlace(t time.Time, pl Place) {
+	pl = pl.fix()
 	cur := l.params.Load()
-	def := Split(cur.limit, cur.burst, n)
-	if cur.n == n && cur.def == def {
+	def := pl.share(cur.limit, cur.burst)
+	if cur.place == pl && cur.def == def {
 		return
 	}
 	p := *cur
-	p.n, p.def = n, def
+	p.place, p.def = pl, def
 	l.set(t, &p)
 }
 
@@ -553,14 +625,14 @@ func (l *Limiter) SetLimit(t time.Time, limit rate.Limit, burst int) error {
 	defer l.setMu.Unlock()
 	p := *l.params.Load()
 	p.limit, p.burst = limit, burst
-	p.def = Split(limit, burst, p.n)
+	p.def = p.place.share(limit, burst)
 	l.set(t, &p)
 	return nil
 }
 
 // SetDefault sets the default share to s (a burst below 1 runs at 1) and
 // moves every key that runs at the default share to it at once. The share
-// holds until the next SetDefault, SetInstances or SetLimit.
+// holds until the next SetDefault, SetInstances, SetPlace or SetLimit.
 func (l *Limiter) SetDefault(t time.Time, s Share) {
 	if s.Burst < 1 {
 		s.Burst = 1

@@ -45,15 +45,57 @@ func TestSplit(t *testing.T) {
 		limit rate.Limit
 		burst int
 		n     int
+		rank  int
 		want  Share
 	}{
-		{100, 10, 1, Share{100, 10}},
-		{100, 10, 4, Share{25, 2}},
-		{100, 3, 4, Share{25, 1}},
-		{100, 10, 0, Share{100, 10}},
+		{100, 10, 1, 0, Share{100, 10}},
+		{100, 10, 4, 0, Share{25, 3}},
+		{100, 10, 4, 1, Share{25, 3}},
+		{100, 10, 4, 2, Share{25, 2}},
+		{100, 10, 4, 3, Share{25, 2}},
+		{100, 5, 4, 0, Share{25, 2}},
+		{100, 5, 4, 1, Share{25, 1}},
+		{100, 3, 4, 2, Share{25, 1}},
+		{100, 3, 4, 3, Share{25, 0}},
+		{100, 1, 4, 0, Share{25, 1}},
+		{100, 1, 4, 1, Share{25, 0}},
+		{100, 10, 4, NoRank, Share{25, 2}},
+		{100, 3, 4, NoRank, Share{25, 0}},
+		{100, 10, 4, 4, Share{25, 2}}, // outside [0, n): no remainder
+		{100, 10, 0, 0, Share{100, 10}},
+		{100, 10, -3, NoRank, Share{100, 10}},
 	} {
-		if got := Split(tc.limit, tc.burst, tc.n); got != tc.want {
-			t.Errorf("Split(%v, %d, %d) = %+v, want %+v", tc.limit, tc.burst, tc.n, got, tc.want)
+		if got := Split(tc.limit, tc.burst, tc.n, tc.rank); got != tc.want {
+			t.Errorf("Split(%v, %d, %d, %d) = %+v, want %+v", tc.limit, tc.burst, tc.n, tc.rank, got, tc.want)
+		}
+	}
+}
+
+// TestSplitSumsToBurst checks that the bursts of ranks 0 to n-1 sum to
+// exactly the burst, differ by at most one token, and that the ranks a
+// view may hold (any distinct ranks, a subset of them, or none) never sum
+// above it.
+func TestSplitSumsToBurst(t *testing.T) {
+	for burst := 1; burst <= 70; burst++ {
+		for n := 1; n <= 20; n++ {
+			sum, lo, hi := 0, burst, 0
+			for rank := range n {
+				b := Split(100, burst, n, rank).Burst
+				sum += b
+				lo, hi = min(lo, b), max(hi, b)
+				if b < 0 {
+					t.Fatalf("burst %d n %d rank %d: negative burst %d", burst, n, rank, b)
+				}
+			}
+			if sum != burst {
+				t.Errorf("burst %d over %d instances: ranks sum to %d", burst, n, sum)
+			}
+			if hi-lo > 1 {
+				t.Errorf("burst %d over %d instances: bursts from %d to %d", burst, n, lo, hi)
+			}
+			if u := n * Split(100, burst, n, NoRank).Burst; u > burst {
+				t.Errorf("burst %d over %d unranked instances: %d", burst, n, u)
+			}
 		}
 	}
 }
@@ -369,5 +411,40 @@ func TestStatsTimes(t *testing.T) {
 				t.Fatalf("after Unassign: %+v, want not assigned and a zero Until", s)
 			}
 		})
+	}
+}
+
+// TestZeroBurstDefaultShare: a rank that the split gives no token of the
+// burst denies every request at its default share, counting the denial
+// (the caller asks for more on it), runs an assigned share, and denies
+// again once that share lapses.
+func TestZeroBurstDefaultShare(t *testing.T) {
+	l := mustNew(t, Config{Limit: 100, Burst: 3, Instances: 4})
+	l.SetPlace(t0, Place{Instances: 4, Rank: 3})
+	if got := l.Default(); got != (Share{25, 0}) {
+		t.Fatalf("default share of rank 3: %+v, want {25 0}", got)
+	}
+	for i := range 3 {
+		r := l.Allow(t0.Add(time.Duration(i)*time.Second), "k")
+		if r.Allowed || r.RetryAfter != math.MaxInt64 {
+			t.Fatalf("decision %d at the default share: %+v, want a denial that never clears", i, r)
+		}
+	}
+	if st := l.AppendStats(nil); len(st) != 1 || st[0].Denied != 3 {
+		t.Fatalf("stats: %+v, want 3 tokens denied", st)
+	}
+	at := t0.Add(3 * time.Second)
+	l.Assign(at, "k", Share{Limit: 50, Burst: 2}, at.Add(time.Second))
+	if r := l.AllowN(at.Add(100*time.Millisecond), "k", 1); !r.Allowed {
+		t.Fatalf("at the assigned share: %+v", r)
+	}
+	if r := l.Allow(at.Add(2*time.Second), "k"); r.Allowed {
+		t.Fatalf("lapsed below a zero default share: %+v", r)
+	}
+	// Rank 0 of the same split holds a token, and keys at the default share
+	// move to it at once.
+	l.SetPlace(at.Add(2*time.Second), Place{Instances: 4, Rank: 0})
+	if r := l.Allow(at.Add(3*time.Second), "fresh"); !r.Allowed {
+		t.Fatalf("rank 0: %+v", r)
 	}
 }

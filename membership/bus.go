@@ -2,6 +2,7 @@ package membership
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -102,6 +103,28 @@ func (s *Static) Send(to string, msg []byte) error {
 	}
 	peer.in.deliver(s.name, msg)
 	return nil
+}
+
+// Members implements Roster: the names of the Statics connected to s's
+// Bus, s included, sorted; without a Bus, s's name alone. The list follows
+// Connect, not Set: a Static's count may say more instances than the list
+// names, for a test that plays one of many.
+func (s *Static) Members() []string {
+	b := s.bus.Load()
+	if b == nil {
+		return []string{s.name}
+	}
+	b.mu.RLock()
+	names := make([]string, 0, len(b.members))
+	for name := range b.members {
+		names = append(names, name)
+	}
+	b.mu.RUnlock()
+	if !slices.Contains(names, s.name) {
+		names = append(names, s.name) // disconnected meanwhile
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Receive implements Messenger. The Static runs a goroutine to call fn

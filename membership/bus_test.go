@@ -406,3 +406,30 @@ func TestParseFrame(t *testing.T) {
 		}
 	}
 }
+
+// TestStaticMembers: a Static names the Statics on its Bus, itself
+// included, sorted, and follows Connect; without a Bus it names itself.
+func TestStaticMembers(t *testing.T) {
+	bus := NewBus()
+	self, a, b := NewStatic("c", 3), NewStatic("a", 3), NewStatic("b", 3)
+	var r Roster = self
+	for _, tc := range []struct {
+		connect *Static
+		to      *Bus
+		want    []string
+	}{
+		{nil, nil, []string{"c"}},
+		{self, bus, []string{"c"}},
+		{a, bus, []string{"a", "c"}},
+		{b, bus, []string{"a", "b", "c"}},
+		{a, nil, []string{"b", "c"}},
+		{self, nil, []string{"c"}},
+	} {
+		if tc.connect != nil {
+			tc.connect.Connect(tc.to)
+		}
+		if got := r.Members(); !slices.Equal(got, tc.want) {
+			t.Errorf("Members() = %v, want %v", got, tc.want)
+		}
+	}
+}

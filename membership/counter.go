@@ -28,6 +28,23 @@ type Counter interface {
 	Watch(fn func(n int)) (stop func())
 }
 
+// Roster is implemented by Counters that know the names of the live
+// members, as Memberlist and Static do. Package hybrid ranks this instance
+// by its name among them, to hand out the tokens of a burst that do not
+// split evenly (see local.Split): every instance that sees the same members
+// computes the same ranks.
+type Roster interface {
+	// Members returns the names of the members this instance believes
+	// alive, self included, sorted in increasing byte order (as
+	// slices.Sort sorts strings). It returns a new slice on every call.
+	Members() []string
+}
+
+var (
+	_ Roster = (*Memberlist)(nil)
+	_ Roster = (*Static)(nil)
+)
+
 // Sentinel errors. Errors returned by this package wrap one of them, so that
 // errors.Is can tell the cases apart.
 var (

@@ -180,3 +180,18 @@ func ExampleMemberlist_Broadcast() {
 	// Output:
 	// api-2: yield key k?
 }
+
+func ExampleStatic_Members() {
+	// Statics in one process learn each other's names through a Bus, as
+	// memberlist nodes do through gossip: each sees the same sorted list,
+	// and so the same rank for every member.
+	bus := membership.NewBus()
+	a, b := membership.NewStatic("api-b", 2), membership.NewStatic("api-a", 2)
+	fmt.Println(a.Members())
+	a.Connect(bus)
+	b.Connect(bus)
+	fmt.Println(a.Members(), b.Members())
+	// Output:
+	// [api-b]
+	// [api-a api-b] [api-a api-b]
+}

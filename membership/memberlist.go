@@ -425,8 +425,8 @@ func (m *Memberlist) Watch(fn func(n int)) (stop func()) { return m.nt.watch(fn)
 // given to them as a seed. With BindPort zero it carries the chosen port.
 func (m *Memberlist) Addr() string { return m.addr }
 
-// Members returns the names of the members this node believes alive, self
-// included, sorted.
+// Members implements Roster: the names of the members this node believes
+// alive, self included, sorted.
 func (m *Memberlist) Members() []string {
 	nodes := m.ml.Members()
 	names := make([]string, len(nodes))

@@ -1,0 +1,196 @@
+package hybrid
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
+
+// TestRankIn checks the rank of an instance among the names seen within
+// PeakWindow, at fixed instants.
+func TestRankIn(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	abcd := []string{"a", "b", "c", "d"}
+	for _, tc := range []struct {
+		name    string
+		samples []peerSample
+		live    int
+		self    string
+		n, rank int
+	}{
+		{"alone", []peerSample{{at(0), 1, []string{"a"}}}, 1, "a", 1, 0},
+		{"four, the second", []peerSample{{at(0), 4, abcd}}, 4, "b", 4, 1},
+		{"four, the last", []peerSample{{at(0), 4, abcd}}, 4, "d", 4, 3},
+		{"no names (a Counter without a Roster)", []peerSample{{at(0), 4, nil}}, 4, "a", 4, local.NoRank},
+		{"fewer names than the count", []peerSample{{at(0), 4, []string{"a", "b"}}}, 4, "a", 4, local.NoRank},
+		{"the live count ran ahead of the names", []peerSample{{at(0), 4, abcd}}, 5, "a", 5, local.NoRank},
+		{"self not named", []peerSample{{at(0), 4, abcd}}, 4, "e", 4, local.NoRank},
+		// A partition 2|2: each side keeps the names and the count of the
+		// window, so nobody's rank moves.
+		{"partition, left side", []peerSample{{at(0), 4, abcd}, {at(5), 2, []string{"a", "b"}}}, 2, "b", 4, 1},
+		{"partition, right side", []peerSample{{at(0), 4, abcd}, {at(5), 2, []string{"c", "d"}}}, 2, "c", 4, 2},
+		// d replaced by e: five names for N-hat 4; ranks stay unique.
+		{"replaced, the newcomer", []peerSample{{at(0), 4, abcd}, {at(5), 4, []string{"a", "b", "c", "e"}}}, 4, "e", 4, 4},
+		{"replaced, an old one", []peerSample{{at(0), 4, abcd}, {at(5), 4, []string{"a", "b", "c", "e"}}}, 4, "c", 4, 2},
+		{"a newcomer sorting first", []peerSample{{at(0), 3, []string{"b", "c", "d"}}, {at(5), 4, []string{"a", "b", "c", "d"}}}, 4, "b", 4, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, rank := rankIn(tc.samples, tc.live, tc.self)
+			if n != tc.n || rank != tc.rank {
+				t.Errorf("rankIn = N-hat %d rank %d, want %d and %d", n, rank, tc.n, tc.rank)
+			}
+		})
+	}
+}
+
+// TestRankSharesNeverExceedTheBurst checks the bursts the instances hold
+// at default shares, summed over the instances that may be running, as
+// their views of the window move: views that agree sum to at most the
+// burst (exactly, when all N-hat instances are named); and while a name
+// ages out of some views but not yet of others, or a partition splits the
+// live names, the mix still sums to at most the burst.
+func TestRankSharesNeverExceedTheBurst(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	names := []string{"a", "b", "c", "d", "e", "f"}
+	for burst := 1; burst <= 14; burst++ {
+		for size := 1; size <= len(names); size++ {
+			all := names[:size]
+			// All views agree on all the names: exactly the burst.
+			sum := 0
+			for _, self := range all {
+				n, rank := rankIn([]peerSample{{t0, size, all}}, size, self)
+				sum += rankShare(burst, n, rank)
+			}
+			if sum != burst {
+				t.Errorf("burst %d, %d instances agreeing: %d", burst, size, sum)
+			}
+			// Instance gone departs the window: a view either still holds
+			// it (old) or not (new). Every mix of views over the others.
+			for gone := range size {
+				var left []string
+				for i, s := range all {
+					if i != gone {
+						left = append(left, s)
+					}
+				}
+				old := []peerSample{{t0, size, all}, {t0.Add(time.Second), size - 1, left}}
+				aged := []peerSample{{t0.Add(time.Second), size - 1, left}}
+				for mask := range 1 << len(left) {
+					sum := 0
+					for i, self := range left {
+						view := old
+						if mask&(1<<i) != 0 {
+							view = aged
+						}
+						n, rank := rankIn(view, size-1, self)
+						sum += rankShare(burst, n, rank)
+					}
+					if sum > burst {
+						t.Errorf("burst %d, %s left %v, views %b: %d", burst, all[gone], left, mask, sum)
+					}
+				}
+			}
+			// A partition: each side sees only its live names, and keeps the
+			// window's. All instances still run.
+			for cut := 1; cut < size; cut++ {
+				sum := 0
+				for i, self := range all {
+					side := all[:cut]
+					if i >= cut {
+						side = all[cut:]
+					}
+					view := []peerSample{{t0, size, all}, {t0.Add(time.Second), len(side), side}}
+					n, rank := rankIn(view, len(side), self)
+					sum += rankShare(burst, n, rank)
+				}
+				if sum != burst {
+					t.Errorf("burst %d, partition %v|%v: %d", burst, all[:cut], all[cut:], sum)
+				}
+			}
+		}
+	}
+}
+
+// TestRankShareMonotone checks what the argument for ages-out relies on:
+// a default share's burst never grows with its rank or N-hat.
+func TestRankShareMonotone(t *testing.T) {
+	for burst := 1; burst <= 30; burst++ {
+		for n := 1; n <= 12; n++ {
+			for rank := range n {
+				b := rankShare(burst, n, rank)
+				if rank > 0 && rankShare(burst, n, rank-1) < b {
+					t.Errorf("burst %d n %d: rank %d has %d, rank %d less", burst, n, rank, b, rank-1)
+				}
+				if n > 1 && rank < n-1 && rankShare(burst, n-1, rank) < b {
+					t.Errorf("burst %d rank %d: n %d has %d, n %d less", burst, rank, n, b, n-1)
+				}
+			}
+		}
+	}
+}
+
+// TestEngineZeroBurstShare: a rank whose default share holds no token of
+// the burst (burst 3 over 4 instances, rank 3) denies the key's first
+// request, asks for a lease at the next tick, saying it runs its default
+// share, asks its peers to yield, and admits once granted.
+func TestEngineZeroBurstShare(t *testing.T) {
+	const burst = 3
+	loc, err := local.New(local.Config{Limit: eRate, Burst: burst, Instances: eN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc.SetPlace(t0, local.Place{Instances: eN, Rank: 3})
+	r := &rig{t: t, loc: loc, n: eN}
+	r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: burst}, "me",
+		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+	if res := loc.Allow(t0, "k"); res.Allowed {
+		t.Fatalf("at a default share of burst 0: %+v", res)
+	}
+	calls := tick().run(r, t0.Add(eTick))
+	if len(calls) != 1 || calls[0].kind != callLease || calls[0].req.Running != eDef || r.eng.keys["k"].state != stateAsking {
+		t.Fatalf("after the denial, the tick's calls: %+v; want one lease request running the default share", calls)
+	}
+	if !slices.Equal(r.eng.asks, []string{"k"}) {
+		t.Errorf("asks of the peers: %q, want [k]", r.eng.asks)
+	}
+	r.pending, r.sentAt = calls, t0.Add(eTick)
+	grant(50, 50, false).run(r, t0.Add(eTick+10*ms))
+	if st := r.eng.keys["k"].state; st != stateHeld {
+		t.Fatalf("after the grant: state %v, want held", st)
+	}
+	if res := loc.Allow(t0.Add(eTick+50*ms), "k"); !res.Allowed || !res.Assigned {
+		t.Errorf("on the lease: %+v, want allowed", res)
+	}
+}
+
+// TestEngineLeaseShareLeavesTheRemainder: a grant made while peers were
+// counted at their default shares leaves them the burst's remainder their
+// ranks may give them. Burst 10 over 4 instances: default bursts 3, 3, 2,
+// 2; a grant of half the rate is 5 tokens with no peer unrecorded, but
+// with two unrecorded peers holding up to 6 (not 5), 4.
+func TestEngineLeaseShareLeavesTheRemainder(t *testing.T) {
+	e := newEngine(Limit{Name: "api", Rate: 100, Burst: 10}, "me", timings{}, nil)
+	for _, tc := range []struct {
+		granted    float64
+		unrecorded int
+		burst      int
+	}{
+		{50, 0, 5},
+		{50, 1, 4}, // up to 3 held by one, 2.5 counted
+		{50, 2, 4}, // up to 6 held by two, 5 counted
+		{25, 3, 2}, // up to 8 held by three, 7.5 counted
+		{100, 0, 10},
+	} {
+		if got := e.leaseShare(tc.granted, tc.unrecorded, 4).Burst; got != tc.burst {
+			t.Errorf("grant %v with %d unrecorded: burst %d, want %d", tc.granted, tc.unrecorded, got, tc.burst)
+		}
+	}
+	// Burst 8 over 4 splits evenly: nothing to leave.
+	e = newEngine(Limit{Name: "api", Rate: 100, Burst: 8}, "me", timings{}, nil)
+	if got := e.leaseShare(50, 2, 4).Burst; got != 4 {
+		t.Errorf("burst 8, grant of half with 2 unrecorded: burst %d, want 4", got)
+	}
+}

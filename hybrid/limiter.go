@@ -656,7 +656,7 @@ func (l *Limiter) onView(v membership.View) {
 	l.samples = append(l.samples, peerSample{now, v.Count, v.Members})
 	l.peakMu.Unlock()
 	if len(v.Left) > 0 {
-		l.log.Info("hybridlimit: instances left gracefully, no longer counted", "left", len(v.Left))
+		l.log.Info("hybridlimit: instances left gracefully, no longer counted", "left", v.Left)
 	}
 	l.countChanged(now, v.Count)
 }

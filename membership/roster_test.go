@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hybridlimit/hybridlimit/internal/gossiptest"
 )
 
 // viewRecorder records the Views a watcher is given.
@@ -187,5 +189,43 @@ func TestNotifierKeepsEveryLeave(t *testing.T) {
 	}
 	if n := len(r.all()); n != 2 {
 		t.Errorf("%d Views, want 2: the three leaves coalesced into one", n)
+	}
+}
+
+// TestMemberlistPartitionIsNotALeave: a member cut off by a gossip
+// partition is declared dead by failure detection, like a crashed one, and
+// is never reported as Left, even if it then leaves gracefully on its own
+// side: it may have been deciding all along.
+func TestMemberlistPartitionIsNotALeave(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	nw := gossiptest.NewNetwork(nil)
+	t.Cleanup(nw.Shutdown)
+	transport := func(group string) func(*Config) {
+		tr, err := nw.Transport(group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func(c *Config) { c.Transport = tr }
+	}
+	a := startNode(t, "a", transport("left"))
+	b := startNode(t, "b", transport("left"), a.Addr())
+	c := startNode(t, "c", transport("right"), a.Addr())
+	waitCount(t, 5*time.Second, 3, a, b, c)
+	var r viewRecorder
+	stop := a.WatchView(r.fn)
+	defer stop()
+
+	nw.Split("left", "right")
+	split := time.Now()
+	waitCount(t, 60*time.Second, 2, a, b)
+	t.Logf("partition seen after %v", time.Since(split))
+	if err := c.Close(); err != nil { // its goodbye reaches nobody
+		t.Logf("Close across the partition: %v", err)
+	}
+	if got := r.left(); len(got) != 0 {
+		t.Errorf("Left over every View = %v, want none: a partition is not a graceful leave", got)
+	}
+	if v, ok := r.last(); !ok || !slices.Equal(v.Members, []string{"a", "b"}) {
+		t.Errorf("last View = %+v, want members a b", v)
 	}
 }

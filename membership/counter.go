@@ -43,8 +43,8 @@ type View struct {
 
 	// Left are the members that left gracefully since the previous View
 	// given to the same watcher (since Watch for the first), in the order
-	// they left. A member that left gracefully called Memberlist.Close
-	// (memberlist's Leave) or Static.Leave; one that crashed, was declared
+	// they left. A member that left gracefully called Memberlist.Close or
+	// Static.Leave; one that crashed, was declared
 	// dead by failure detection or is cut off by a partition is never in
 	// Left: it may still be running. A member that left and came back
 	// under the same name is in Left and in Members. Nil when none left.

@@ -432,12 +432,13 @@ func (m *Memberlist) View() View {
 	return View{Count: max(len(members), 1), Members: members}
 }
 
-// WatchView implements Roster. A member is in a View's Left when this node
-// learned that it left gracefully: memberlist marked it left (it sent its
-// own goodbye, see Close), not dead. A member that crashed, was shut down
-// without leaving or is cut off by a partition is declared dead by failure
-// detection instead, and is never in Left. Watchers registered after Close
-// are never called.
+// WatchView implements Roster. A member is in a View's Left when its Close
+// announced that it was leaving (in its memberlist metadata, before its
+// goodbye) and this node heard it. A member that crashed, was shut down
+// without Close or is cut off by a partition is declared dead by failure
+// detection instead, and is never in Left; nor is one whose announcement
+// this node missed: it counts as failed, the safe side. Watchers
+// registered after Close are never called.
 func (m *Memberlist) WatchView(fn func(View)) (stop func()) {
 	return m.nt.watchView(fn, m.Members())
 }

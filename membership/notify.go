@@ -11,7 +11,8 @@ import (
 // Producers call signal, which never blocks: the wake channel has room for
 // one signal, so a burst of changes coalesces into one pass that reads the
 // count once. A graceful leave is recorded with left, which queues the
-// leaver's name for every view watcher, so none is lost to coalescing. A persistent notifier runs its goroutine from start until close
+// leaver's name for every view watcher, so none is lost to coalescing. A
+// persistent notifier runs its goroutine from start until close
 // (Memberlist, whose goroutine also refreshes the count); otherwise the
 // goroutine runs only while there are watchers (Static, which has no Close).
 type notifier struct {

@@ -201,6 +201,9 @@ type Memberlist struct {
 	closed       atomic.Bool // set when Close starts; Broadcast and Send refuse
 	leaving      atomic.Bool // set when a graceful Close starts; see NodeMeta
 
+	leavingMu sync.Mutex
+	heard     map[string]struct{} // guarded by leavingMu: members that said they are leaving
+
 	// Joining the seeds, at Join and in the background.
 	seeds            []seed
 	resolve          func(ctx context.Context, host string) ([]string, error)
@@ -433,8 +436,8 @@ func (m *Memberlist) View() View {
 }
 
 // WatchView implements Roster. A member is in a View's Left when its Close
-// announced that it was leaving (in its memberlist metadata, before its
-// goodbye) and this node heard it. A member that crashed, was shut down
+// announced that it was leaving (in a notice and in its memberlist
+// metadata, before its goodbye) and this node heard it. A member that crashed, was shut down
 // without Close or is cut off by a partition is declared dead by failure
 // detection instead, and is never in Left; nor is one whose announcement
 // this node missed: it counts as failed, the safe side. Watchers
@@ -487,14 +490,19 @@ func (m *Memberlist) close(leave bool) error {
 		}
 		var errs []error
 		if leave {
-			// Say in this node's metadata that it is leaving, so that the
-			// others report its departure as graceful (see NotifyLeave), and
-			// wait for that to go out: the goodbye that follows would
-			// replace it in memberlist's broadcast queue.
+			// Tell the others that this node is leaving, so that they
+			// report its departure as graceful (see NotifyLeave): a notice
+			// to each (fast, but one UDP packet), and this node's metadata,
+			// which gossip spreads; wait for that to go out, as the goodbye
+			// that follows would replace it in memberlist's broadcast
+			// queue. A member that hears neither before the goodbye takes
+			// the departure for a failure: the safe side.
 			m.leaving.Store(true)
+			m.announceLeaving()
 			if err := m.ml.UpdateNode(m.leaveTimeout); err != nil {
 				m.logger.Warn("membership: leaving not announced in time; the others may take the departure for a failure", "name", m.name, "timeout", m.leaveTimeout, "err", err)
 			}
+			m.announceLeaving()
 			switch err := m.ml.Leave(m.leaveTimeout); {
 			case err == nil:
 			case strings.Contains(err.Error(), "timeout"):
@@ -522,20 +530,54 @@ func (m *Memberlist) close(leave bool) error {
 // never block.
 type eventDelegate struct{ m *Memberlist }
 
-func (d eventDelegate) NotifyJoin(*memberlist.Node)   { d.m.membersChanged() }
 func (d eventDelegate) NotifyUpdate(*memberlist.Node) { d.m.nt.signal() }
 
-// NotifyLeave reports a node whose metadata said it was leaving (see
-// close) as a graceful leave. memberlist marks a node that sent its own
-// goodbye StateLeft rather than StateDead, but does not tell the event
-// delegate which (v0.5.4 hands it the node's Node.State, which it never
-// updates), so the node says so itself, in its metadata, before its
-// goodbye. A node that never said so is a failure, whatever the cause.
+// NotifyJoin forgets a notice that a node of that name was leaving: a node
+// that joins is a new process, or one that came back.
+func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
+	d.m.leavingMu.Lock()
+	delete(d.m.heard, n.Name)
+	d.m.leavingMu.Unlock()
+	d.m.membersChanged()
+}
+
+// NotifyLeave reports a node that said it was leaving (see close), in its
+// metadata or in a notice this node heard, as a graceful leave. memberlist
+// marks a node that sent its own goodbye StateLeft rather than StateDead,
+// but does not tell the event delegate which (v0.5.4 hands it the node's
+// Node.State, which it never updates), so the node says so itself before
+// its goodbye. A node that never said so, or whose word did not arrive
+// before its departure, is a failure, whatever the cause.
 func (d eventDelegate) NotifyLeave(n *memberlist.Node) {
-	if bytes.Equal(n.Meta, metaLeaving) && n.Name != d.m.name {
+	d.m.leavingMu.Lock()
+	_, heard := d.m.heard[n.Name]
+	delete(d.m.heard, n.Name)
+	d.m.leavingMu.Unlock()
+	if (heard || bytes.Equal(n.Meta, metaLeaving)) && n.Name != d.m.name {
 		d.m.nt.left(n.Name)
 	}
 	d.m.membersChanged()
+}
+
+// heardLeaving records a notice that the node named name is leaving.
+func (m *Memberlist) heardLeaving(name string) {
+	m.leavingMu.Lock()
+	defer m.leavingMu.Unlock()
+	if m.heard == nil {
+		m.heard = make(map[string]struct{})
+	}
+	m.heard[name] = struct{}{}
+}
+
+// announceLeaving sends every other member this node believes alive a
+// notice that it is leaving, best effort, one UDP packet each.
+func (m *Memberlist) announceLeaving() {
+	notice := appendLeaving(nil, m.name)
+	for _, n := range m.ml.Members() {
+		if n.Name != m.name {
+			_ = m.ml.SendBestEffort(n, notice) // the metadata is the fallback
+		}
+	}
 }
 
 // metaLeaving is a node's memberlist metadata once its Close has started:
@@ -645,6 +687,12 @@ func (m *Memberlist) Dropped() uint64 { return m.in.dropped.Load() }
 type messageDelegate struct{ m *Memberlist }
 
 func (d messageDelegate) NotifyMsg(b []byte) {
+	if from, ok := parseLeaving(b); ok {
+		if string(from) != d.m.name {
+			d.m.heardLeaving(string(from))
+		}
+		return
+	}
 	from, msg, ok := parseFrame(b)
 	if !ok || string(from) == d.m.name {
 		d.m.in.drop()

@@ -2,6 +2,7 @@ package membership
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -227,5 +228,33 @@ func TestMemberlistPartitionIsNotALeave(t *testing.T) {
 	}
 	if v, ok := r.last(); !ok || !slices.Equal(v.Members, []string{"a", "b"}) {
 		t.Errorf("last View = %+v, want members a b", v)
+	}
+}
+
+// TestParseLeaving: a leaving notice carries its sender's name and nothing
+// else, and is never mistaken for a message (nor a message for a notice).
+func TestParseLeaving(t *testing.T) {
+	long := strings.Repeat("x", MaxNameLength+1)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string // "" when the notice must be refused
+	}{
+		{"notice", appendLeaving(nil, "api-1"), "api-1"},
+		{"longest name", appendLeaving(nil, long[:MaxNameLength]), long[:MaxNameLength]},
+		{"name too long", appendLeaving(nil, long), ""},
+		{"empty name", appendLeaving(nil, ""), ""},
+		{"trailing bytes", append(appendLeaving(nil, "api-1"), 'x'), ""},
+		{"truncated", appendLeaving(nil, "api-1")[:4], ""},
+		{"a message", appendFrame(nil, "api-1", []byte("hi")), ""},
+		{"empty", nil, ""},
+	} {
+		from, ok := parseLeaving(tc.b)
+		if got := string(from); ok != (tc.want != "") || got != tc.want {
+			t.Errorf("%s: parseLeaving = %q, %v; want %q", tc.name, got, ok, tc.want)
+		}
+	}
+	if _, _, ok := parseFrame(appendLeaving(nil, "api-1")); ok {
+		t.Error("parseFrame accepted a leaving notice")
 	}
 }

@@ -234,8 +234,10 @@ func (c *cluster) member(n int) *membership.Static {
 	return m
 }
 
-// leave closes slot's instance and tells the others they are one fewer.
-// Only slot's driver calls it.
+// leave closes slot's instance, then leaves the bus gracefully, as a
+// deployment stops an instance: the Limiter stops deciding and releases
+// its records (hybrid.Limiter.Close) before the others hear of the leave,
+// so they may stop counting it at once. Only slot's driver calls it.
 func (c *cluster) leave(ctx context.Context, slot int) error {
 	inst := c.slots[slot]
 	c.slots[slot] = nil
@@ -245,11 +247,11 @@ func (c *cluster) leave(ctx context.Context, slot int) error {
 	}
 	c.mu.Lock()
 	if m := c.members[slot]; m != nil {
-		m.Connect(nil)
+		m.Leave() // lowers the others' counts by one and reports the leave
 	}
 	delete(c.members, slot)
 	for _, m := range c.members {
-		m.Set(len(c.members))
+		m.Set(len(c.members)) // already so, unless the counts had drifted
 	}
 	c.mu.Unlock()
 	return err

@@ -73,7 +73,8 @@ const (
 	// PolicyUnset is the zero Policy; New rejects it.
 	PolicyUnset Policy = iota
 	// FailLocal admits at most rate/N per instance, with N the largest
-	// instance count seen within Config.PeakWindow.
+	// instance count seen within Config.PeakWindow (less the instances
+	// that left gracefully since).
 	FailLocal
 	// FailOpen admits every request.
 	FailOpen
@@ -205,11 +206,14 @@ type Config struct {
 	// Members reports the live instance count N and this instance's name.
 	// Nil means a single instance (membership.NewStatic with a random
 	// name). If it implements io.Closer, Close closes it (leaving the
-	// cluster). If it implements membership.Roster (Memberlist and Static
-	// do), the instances rank themselves by their names and the default
-	// shares hand out the burst's remainder by rank, so that they sum to
-	// exactly each limit's burst; without one, each instance's default
-	// burst is burst/N rounded down.
+	// cluster), after the Limiter has stopped deciding and released its
+	// records. If it is a membership.Roster (membership.Memberlist and
+	// membership.Static are), an instance that leaves gracefully stops
+	// counting in N-hat at once (see PeakWindow and Limiter.Close), and the
+	// instances rank themselves by their names, so that the default shares
+	// hand out the burst's remainder by rank and sum to exactly each
+	// limit's burst; without one, each instance's default burst is burst/N
+	// rounded down.
 	Members membership.Counter
 	// Limits are the limits the Limiter starts with, with unique names. At
 	// least one is required. Limiter.SetLimits replaces them while it runs.
@@ -231,8 +235,15 @@ type Config struct {
 	// IdleAfter is how long a key may go without decisions before its
 	// lease is released and it is forgotten. Zero means 30s.
 	IdleAfter time.Duration
-	// PeakWindow is how far back FailLocal looks for the largest instance
-	// count. Zero means 1 minute.
+	// PeakWindow is how long an instance count is remembered. Default
+	// shares, FailLocal's included, and Redis's count of the instances
+	// without a record of a key use N-hat, the largest count seen within
+	// PeakWindow, so that an instance that seems to fail (a crash, a false
+	// verdict of failure detection, a gossip partition, while Redis is up
+	// or down) stays counted at its default share for PeakWindow: it may
+	// still be deciding. An instance that leaves gracefully (its Limiter
+	// closed, then its Members, see Limiter.Close) is dropped from N-hat
+	// at once when Members is a membership.Roster. Zero means 1 minute.
 	PeakWindow time.Duration
 	// Registerer receives the metrics. Nil means no metrics are registered.
 	Registerer prometheus.Registerer

@@ -4,7 +4,10 @@
 // A Limiter holds a set of named limits. Each instance learns the instance
 // count N from a membership.Counter and decides requests with a
 // golang.org/x/time/rate limiter per key (package local) running at its
-// share of the limit, N being the largest count seen within PeakWindow.
+// share of the limit, N being the largest count seen within PeakWindow:
+// an instance that seems to fail stays counted that long, since it may
+// still be deciding, while one that leaves gracefully (Limiter.Close, then
+// its membership) stops counting at once.
 //
 // For limits in Hybrid mode, each key sits where it is cheapest at full
 // accuracy on each instance (placement version 2): its default share, with

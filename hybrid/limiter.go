@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,8 +71,9 @@ type Limiter struct {
 }
 
 // peerSample is what membership said from at until the next sample's time:
-// the live count and, if it can tell them, the members' names (see
-// rank.go).
+// the live count and, when Members is a membership.Roster, the members'
+// names (see rank.go); a graceful leave lowers the samples that counted the
+// leaver (see onView).
 type peerSample struct {
 	at    time.Time
 	n     int
@@ -164,7 +166,16 @@ func New(cfg Config) (*Limiter, error) {
 	now := time.Now()
 	l.health = health{quiet: cfg.UncontendedTTL/renewDivisor + cfg.Tick, answered: now}
 	n := l.members.Count()
-	l.samples = []peerSample{{at: now, n: n, names: l.roster()}}
+	roster, _ := l.members.(membership.Roster)
+	if roster != nil {
+		// A leave between this View and WatchView below is missed: the
+		// leaver stays counted for PeakWindow, as a failed one would.
+		v := roster.View()
+		n = v.Count
+		l.samples = []peerSample{{at: now, n: n, names: v.Members}}
+	} else {
+		l.samples = []peerSample{{at: now, n: n}}
+	}
 	m.peers.Set(float64(n))
 	if unreachable != nil {
 		unreachable = l.explain(unreachable)
@@ -185,7 +196,11 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l.set.Store(set)
 	l.seen = set
-	l.stopWatch = l.members.Watch(l.onPeers)
+	if roster != nil {
+		l.stopWatch = roster.WatchView(l.onView)
+	} else {
+		l.stopWatch = l.members.Watch(l.onPeers)
+	}
 	l.stopRecv = func() {}
 	if m, ok := l.members.(membership.Messenger); ok {
 		l.msgr = m
@@ -677,11 +692,25 @@ func (l *Limiter) Status(limit string) (Status, error) {
 // Instances returns the live instance count N.
 func (l *Limiter) Instances() int { return l.members.Count() }
 
-// Close releases every lease in one pipeline, stops the lease loop, stops
-// watching membership and, if Members implements io.Closer, closes it
-// (leaving the cluster). Decisions after Close return ErrClosed. Close is
-// idempotent; later calls return the first call's error. ctx bounds the
-// release. SetLimits after Close returns ErrClosed.
+// Close stops deciding (decisions after Close return ErrClosed), stops the
+// lease loop and watching membership, releases every lease and exact
+// record in pipelines, and then, if Members implements io.Closer, closes it
+// (leaving the cluster). Close is idempotent; later calls return the first
+// call's error. ctx bounds the release. SetLimits after Close returns
+// ErrClosed.
+//
+// The order is what lets the other instances take this one's share at
+// once: when Members is a membership.Roster, an instance that left
+// gracefully (membership.View.Left) is dropped from their N-hat
+// immediately, where one that failed or is cut off stays counted for
+// PeakWindow, since it may still be deciding. So an instance must stop
+// deciding and release its records before it leaves. A program that
+// closes its membership itself must close the Limiter first; one that
+// leaves first lets the cluster admit up to this instance's default share
+// too much until the Limiter is closed. If the release fails (Redis
+// unreachable, ctx ended), the records left behind expire within their
+// lease's lifetime; until then Redis may count the key's other instances
+// up to one default share too low.
 func (l *Limiter) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
@@ -703,10 +732,47 @@ func (l *Limiter) Close(ctx context.Context) error {
 	return l.closeErr
 }
 
-// onPeers is called by membership when N changes.
+// onPeers is called by membership when N changes, if Members is not a
+// membership.Roster.
 func (l *Limiter) onPeers(n int) {
 	now := time.Now()
-	l.observe(now, n, l.roster())
+	l.observe(now, n, nil)
+	l.countChanged(now, n)
+}
+
+// onView is called by a membership.Roster when N or the members change, or
+// members leave gracefully. A member that left gracefully stopped deciding
+// and released its records first (Close, then leave), so it no longer
+// counts: every sample that counted it is lowered by one, and N-hat drops
+// at once. A member that failed, or is cut off by a partition, may still
+// be deciding at its own default share: it stays counted in the samples
+// for PeakWindow, as before.
+func (l *Limiter) onView(v membership.View) {
+	now := time.Now()
+	l.peakMu.Lock()
+	for _, name := range v.Left {
+		for i := range l.samples {
+			s := &l.samples[i]
+			// Each sample's members are its own (a View's are a copy), so
+			// they are changed in place; removing the name makes a later
+			// leave of the same name (after it came back) count once here.
+			if j, ok := slices.BinarySearch(s.names, name); ok {
+				s.names = slices.Delete(s.names, j, j+1)
+				s.n = max(s.n-1, 1)
+			}
+		}
+	}
+	l.samples = append(l.samples, peerSample{at: now, n: v.Count, names: v.Members})
+	l.peakMu.Unlock()
+	if len(v.Left) > 0 {
+		l.log.Info("hybridlimit: instances left gracefully, no longer counted", "left", v.Left)
+	}
+	l.countChanged(now, v.Count)
+}
+
+// countChanged re-splits the default shares after the instance count
+// changed to n, or N-hat dropped.
+func (l *Limiter) countChanged(now time.Time, n int) {
 	l.m.peers.Set(float64(n))
 	l.resettle.Store(true)
 	l.log.Info("hybridlimit: instance count changed", "instances", n)

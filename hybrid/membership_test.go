@@ -74,10 +74,11 @@ func shareOf(r float64, b int) local.Share { return local.Share{Limit: rate.Limi
 
 // TestMembershipResplitsDefaultShares: three instances, each with a real
 // memberlist node, split the default share three ways; when one closes (and
-// so leaves the cluster) the other two re-split it two ways once the count
-// of three has left PeakWindow (version 2 splits default shares by the
-// largest count within PeakWindow, always; the test sets a short one), and
-// a Local key's admissions follow the new share.
+// so leaves the cluster gracefully) the other two re-split it two ways, and
+// a Local key's admissions follow the new share. (Default shares use the
+// largest count within PeakWindow, less the instances that left
+// gracefully: the short PeakWindow here is a leftover of the time a leave
+// counted for all of it; TestGracefulLeaveRaisesShares keeps the default.)
 func TestMembershipResplitsDefaultShares(t *testing.T) {
 	srv := redistest.Start(t)
 	limits := []hybrid.Limit{

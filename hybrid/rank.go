@@ -65,7 +65,7 @@ func (l *Limiter) roster() []string {
 	if !ok {
 		return nil
 	}
-	return r.Members()
+	return r.View().Members
 }
 
 // observe records, at now, the live count n and the member names (nil:

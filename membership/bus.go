@@ -59,6 +59,61 @@ func (s *Static) Connect(b *Bus) {
 	s.bus.Store(b)
 }
 
+// Leave disconnects s from its Bus as a member leaving the cluster
+// gracefully, the way Memberlist.Close does: every other Static connected
+// to the Bus lowers its count by one (to no less than 1) and reports s in
+// the Left of its next View (see Roster). Disconnecting s with Connect(nil)
+// instead, and setting the others' counts, looks like a crash or a
+// partition: they do not report s as Left. Leave does nothing when s has
+// no Bus.
+//
+// As with Memberlist.Close, whatever used s must have stopped before
+// Leave (close the hybrid.Limiter first): the others may stop counting s
+// at once.
+func (s *Static) Leave() {
+	s.connectMu.Lock()
+	defer s.connectMu.Unlock()
+	b := s.bus.Load()
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	delete(b.members, s.name)
+	peers := make([]*Static, 0, len(b.members))
+	for _, p := range b.members {
+		peers = append(peers, p)
+	}
+	b.mu.Unlock()
+	s.bus.Store(nil)
+	for _, p := range peers {
+		// The count first: the leave is recorded after what the next View
+		// reads has changed (see notifier.left).
+		for {
+			n := p.count.Load()
+			if p.count.CompareAndSwap(n, max(n-1, 1)) {
+				break
+			}
+		}
+		p.nt.left(s.name)
+	}
+}
+
+// names returns the names of the Statics connected to b, sorted, or self
+// alone when b is nil.
+func (b *Bus) names(self string) []string {
+	if b == nil {
+		return []string{self}
+	}
+	b.mu.RLock()
+	names := make([]string, 0, len(b.members))
+	for name := range b.members {
+		names = append(names, name)
+	}
+	b.mu.RUnlock()
+	slices.Sort(names)
+	return names
+}
+
 // Broadcast implements Messenger: it queues a copy of msg for every other
 // Static connected to s's Bus. Without a Bus there is nobody to tell:
 // Broadcast does nothing and returns nil (but still refuses a message

@@ -428,8 +428,8 @@ func TestStaticMembers(t *testing.T) {
 		if tc.connect != nil {
 			tc.connect.Connect(tc.to)
 		}
-		if got := r.Members(); !slices.Equal(got, tc.want) {
-			t.Errorf("Members() = %v, want %v", got, tc.want)
+		if got := r.View().Members; !slices.Equal(got, tc.want) {
+			t.Errorf("View().Members = %v, want %v", got, tc.want)
 		}
 	}
 }

@@ -28,16 +28,55 @@ type Counter interface {
 	Watch(fn func(n int)) (stop func())
 }
 
-// Roster is implemented by Counters that know the names of the live
-// members, as Memberlist and Static do. Package hybrid ranks this instance
-// by its name among them, to hand out the tokens of a burst that do not
-// split evenly (see local.Split): every instance that sees the same members
-// computes the same ranks.
+// View is the membership as one instance sees it at one moment, with the
+// graceful leaves since the previous View: what a Roster's watchers are
+// given.
+type View struct {
+	// Count is the live instance count, self included, as Counter.Count
+	// reports it at that moment: at least 1.
+	Count int
+
+	// Members are the names of the live members this instance knows, self
+	// included, sorted. For a Memberlist there are Count of them; a
+	// Static's are the Statics connected to its Bus, whatever its count.
+	Members []string
+
+	// Left are the members that left gracefully since the previous View
+	// given to the same watcher (since Watch for the first), in the order
+	// they left. A member that left gracefully called Memberlist.Close or
+	// Static.Leave; one that crashed, was declared
+	// dead by failure detection or is cut off by a partition is never in
+	// Left: it may still be running. A member that left and came back
+	// under the same name is in Left and in Members. Nil when none left.
+	Left []string
+}
+
+// Roster is a Counter that knows its members by name and tells a member
+// that left gracefully from one that failed. Memberlist and Static are
+// Rosters.
+//
+// The difference matters to a consumer that must not under-count: a member
+// that failed may still be running (a partition, a false verdict of
+// failure detection), while one that left gracefully said goodbye itself,
+// after it had stopped working. It is only as true as the leaver's order of
+// shutdown: an instance must stop its work (hybrid.Limiter.Close) before
+// it leaves.
 type Roster interface {
-	// Members returns the names of the members this instance believes
-	// alive, self included, sorted in increasing byte order (as
-	// slices.Sort sorts strings). It returns a new slice on every call.
-	Members() []string
+	Counter
+
+	// View returns the membership now, with Left nil.
+	View() View
+
+	// WatchView calls fn with a View each time the count or the members
+	// change or a member leaves gracefully, from the same goroutine as
+	// Watch's calls and under the same contract (fn must not block; stop
+	// is safe to call more than once and waits for a running fn; it must
+	// not be called from fn). Changes in quick succession may be coalesced
+	// into one call, but no graceful leave is lost: each View's Left has
+	// every graceful leave since the previous one, and was recorded before
+	// that View's Count and Members were read, so a leaver is in Members
+	// only if it came back.
+	WatchView(fn func(View)) (stop func())
 }
 
 var (

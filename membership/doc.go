@@ -7,7 +7,8 @@
 // stable Name that identifies this instance, and Watch to learn of changes.
 //
 // Two implementations are provided. Static holds a count set by its owner,
-// for single-instance use and tests. Memberlist is backed by a
+// for single-instance use and tests (with a Bus, several Statics in one
+// process message each other and leave gracefully). Memberlist is backed by a
 // github.com/hashicorp/memberlist gossip cluster: Join starts a node, joins the
 // given seeds, and counts the live members, optionally encrypting gossip with
 // a shared key and warning when the count exceeds a configured maximum.
@@ -25,6 +26,14 @@
 // within a gossip round or two; a member that crashes is gone once failure
 // detection declares it dead, which takes seconds with the Local profile
 // and longer with LAN.
+//
+// A consumer that must not under-count also needs to know which of the
+// two happened: a member declared dead may still be running, cut off by a
+// partition, while one that left gracefully stopped first. Both
+// implementations are Rosters: WatchView gives the members by name, and
+// the names of those that left gracefully (Memberlist.Close, Static.Leave).
+// Close whatever uses the count before leaving: hybrid.Limiter.Close does,
+// and closes its Members last.
 //
 // Watchers are called from one goroutine owned by the Counter, never from
 // memberlist's own callbacks, so a slow watcher cannot stall gossip. Changes

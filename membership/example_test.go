@@ -195,3 +195,49 @@ func ExampleStatic_Members() {
 	// [api-b]
 	// [api-a api-b] [api-a api-b]
 }
+
+func ExampleStatic_Leave() {
+	bus := membership.NewBus()
+	a, b := membership.NewStatic("api-1", 2), membership.NewStatic("api-2", 2)
+	a.Connect(bus)
+	b.Connect(bus)
+
+	views := make(chan membership.View, 1)
+	stop := a.WatchView(func(v membership.View) { views <- v })
+	defer stop()
+
+	// api-2 shuts down: whatever used b stopped first, then it leaves.
+	b.Leave()
+	v := <-views
+	fmt.Println(v.Count, v.Members, "left:", v.Left)
+	// Output:
+	// 1 [api-1] left: [api-2]
+}
+
+func ExampleMemberlist_WatchView() {
+	first, err := membership.Join(membership.Config{Name: "api-1", BindAddr: "127.0.0.1", Profile: membership.Local})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer first.Close()
+	second, err := membership.Join(membership.Config{Name: "api-2", BindAddr: "127.0.0.1", Profile: membership.Local,
+		Seeds: []string{first.Addr()}})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	left := make(chan membership.View, 16)
+	stop := first.WatchView(func(v membership.View) {
+		if len(v.Left) > 0 {
+			left <- v
+		}
+	})
+	defer stop()
+
+	// A graceful leave (Close) is reported in Left; a crash never is.
+	second.Close()
+	v := <-left
+	fmt.Println(v.Count, v.Members, "left:", v.Left)
+	// Output:
+	// 1 [api-1] left: [api-2]
+}

@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -23,8 +24,8 @@ import (
 // DefaultPort is the port memberlist listens on by convention (TCP and UDP).
 const DefaultPort = 7946
 
-// DefaultLeaveTimeout is how long Close waits for its leave message to go
-// out when Config.LeaveTimeout is zero.
+// DefaultLeaveTimeout is how long Close waits for each of its two
+// messages to go out when Config.LeaveTimeout is zero.
 const DefaultLeaveTimeout = 2 * time.Second
 
 // Profile selects memberlist's timing parameters.
@@ -159,8 +160,9 @@ type Config struct {
 	// latter at debug level. Nil means no logging at all.
 	Logger *slog.Logger
 
-	// LeaveTimeout bounds how long Close waits for its leave message to
-	// reach another member before shutting down anyway. Zero means
+	// LeaveTimeout bounds each of Close's two waits: for the news that
+	// this node is leaving to go out, then for its leave message to reach
+	// another member, before shutting down anyway. Zero means
 	// DefaultLeaveTimeout.
 	LeaveTimeout time.Duration
 }
@@ -197,6 +199,10 @@ type Memberlist struct {
 	over         bool        // the count exceeds maxInstances; owned by the notifier goroutine (and Join before it starts)
 	in           *inbox      // messages received, for Receive
 	closed       atomic.Bool // set when Close starts; Broadcast and Send refuse
+	leaving      atomic.Bool // set when a graceful Close starts; see NodeMeta
+
+	leavingMu sync.Mutex
+	heard     map[string]struct{} // guarded by leavingMu: members that said they are leaving
 
 	// Joining the seeds, at Join and in the background.
 	seeds            []seed
@@ -212,7 +218,7 @@ type Memberlist struct {
 }
 
 var (
-	_ Counter   = (*Memberlist)(nil)
+	_ Roster    = (*Memberlist)(nil)
 	_ Messenger = (*Memberlist)(nil)
 )
 
@@ -392,11 +398,12 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	return conf, nil
 }
 
-// refresh recomputes the count from memberlist's view. It runs on the
-// notifier goroutine (and once in Join), never inside a memberlist callback,
-// where memberlist holds the lock NumMembers takes.
-func (m *Memberlist) refresh() int {
-	n := max(m.ml.NumMembers(), 1)
+// refresh recomputes the count and the members from memberlist's view. It
+// runs on the notifier goroutine (and once in Join), never inside a
+// memberlist callback, where memberlist holds the lock Members takes.
+func (m *Memberlist) refresh() (int, []string) {
+	members := m.Members()
+	n := max(len(members), 1)
 	over := m.maxInstances > 0 && n > m.maxInstances
 	if over && !m.over {
 		m.logger.Warn("membership: more members than MaxInstances: check that two clusters have not merged",
@@ -406,7 +413,7 @@ func (m *Memberlist) refresh() int {
 	if old := m.count.Swap(int64(n)); old != int64(n) {
 		m.logger.Debug("membership: count changed", "name", m.name, "from", old, "to", n)
 	}
-	return n
+	return n, members
 }
 
 // Name returns this node's name in the cluster.
@@ -420,6 +427,24 @@ func (m *Memberlist) Count() int { return int(m.count.Load()) }
 // Watch implements Counter. Watchers registered after Close are never
 // called.
 func (m *Memberlist) Watch(fn func(n int)) (stop func()) { return m.nt.watch(fn) }
+
+// View implements Roster: the members this node believes alive, and their
+// count.
+func (m *Memberlist) View() View {
+	members := m.Members()
+	return View{Count: max(len(members), 1), Members: members}
+}
+
+// WatchView implements Roster. A member is in a View's Left when its Close
+// announced that it was leaving (in a notice and in its memberlist
+// metadata, before its goodbye) and this node heard it. A member that crashed, was shut down
+// without Close or is cut off by a partition is declared dead by failure
+// detection instead, and is never in Left; nor is one whose announcement
+// this node missed: it counts as failed, the safe side. Watchers
+// registered after Close are never called.
+func (m *Memberlist) WatchView(fn func(View)) (stop func()) {
+	return m.nt.watchView(fn, m.Members())
+}
 
 // Addr returns the "host:port" other nodes use to reach this one, to be
 // given to them as a seed. With BindPort zero it carries the chosen port.
@@ -439,7 +464,10 @@ func (m *Memberlist) Members() []string {
 
 // Close stops trying the seeds in the background (waiting for a
 // connection to a seed in progress, which ends within memberlist's TCP
-// timeout), leaves the cluster gracefully, waiting at most
+// timeout), leaves the cluster gracefully (the other members report this
+// node in a View's Left, and may stop counting it at once: whatever used
+// this node's count must have stopped before Close, as hybrid.Limiter.Close
+// does when it closes its Members), waiting at most
 // Config.LeaveTimeout for the leave message to reach another member, then
 // shuts the node down and stops the goroutines that call watchers and
 // message receivers. A leave that times out is logged, not returned: the
@@ -462,6 +490,19 @@ func (m *Memberlist) close(leave bool) error {
 		}
 		var errs []error
 		if leave {
+			// Tell the others that this node is leaving, so that they
+			// report its departure as graceful (see NotifyLeave): a notice
+			// to each (fast, but one UDP packet), and this node's metadata,
+			// which gossip spreads; wait for that to go out, as the goodbye
+			// that follows would replace it in memberlist's broadcast
+			// queue. A member that hears neither before the goodbye takes
+			// the departure for a failure: the safe side.
+			m.leaving.Store(true)
+			m.announceLeaving()
+			if err := m.ml.UpdateNode(m.leaveTimeout); err != nil {
+				m.logger.Warn("membership: leaving not announced in time; the others may take the departure for a failure", "name", m.name, "timeout", m.leaveTimeout, "err", err)
+			}
+			m.announceLeaving()
 			switch err := m.ml.Leave(m.leaveTimeout); {
 			case err == nil:
 			case strings.Contains(err.Error(), "timeout"):
@@ -489,9 +530,60 @@ func (m *Memberlist) close(leave bool) error {
 // never block.
 type eventDelegate struct{ m *Memberlist }
 
-func (d eventDelegate) NotifyJoin(*memberlist.Node)   { d.m.membersChanged() }
-func (d eventDelegate) NotifyLeave(*memberlist.Node)  { d.m.membersChanged() }
 func (d eventDelegate) NotifyUpdate(*memberlist.Node) { d.m.nt.signal() }
+
+// NotifyJoin forgets a notice that a node of that name was leaving: a node
+// that joins is a new process, or one that came back.
+func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
+	d.m.leavingMu.Lock()
+	delete(d.m.heard, n.Name)
+	d.m.leavingMu.Unlock()
+	d.m.membersChanged()
+}
+
+// NotifyLeave reports a node that said it was leaving (see close), in its
+// metadata or in a notice this node heard, as a graceful leave. memberlist
+// marks a node that sent its own goodbye StateLeft rather than StateDead,
+// but does not tell the event delegate which (v0.5.4 hands it the node's
+// Node.State, which it never updates), so the node says so itself before
+// its goodbye. A node that never said so, or whose word did not arrive
+// before its departure, is a failure, whatever the cause.
+func (d eventDelegate) NotifyLeave(n *memberlist.Node) {
+	d.m.leavingMu.Lock()
+	_, heard := d.m.heard[n.Name]
+	delete(d.m.heard, n.Name)
+	d.m.leavingMu.Unlock()
+	if (heard || bytes.Equal(n.Meta, metaLeaving)) && n.Name != d.m.name {
+		d.m.nt.left(n.Name)
+	}
+	d.m.membersChanged()
+}
+
+// heardLeaving records a notice that the node named name is leaving.
+func (m *Memberlist) heardLeaving(name string) {
+	m.leavingMu.Lock()
+	defer m.leavingMu.Unlock()
+	if m.heard == nil {
+		m.heard = make(map[string]struct{})
+	}
+	m.heard[name] = struct{}{}
+}
+
+// announceLeaving sends every other member this node believes alive a
+// notice that it is leaving, best effort, one UDP packet each.
+func (m *Memberlist) announceLeaving() {
+	notice := appendLeaving(nil, m.name)
+	for _, n := range m.ml.Members() {
+		if n.Name != m.name {
+			_ = m.ml.SendBestEffort(n, notice) // the metadata is the fallback
+		}
+	}
+}
+
+// metaLeaving is a node's memberlist metadata once its Close has started:
+// the other members then report its departure as graceful. A node's
+// metadata is empty otherwise.
+var metaLeaving = []byte("hybridlimit:leaving")
 
 func (m *Memberlist) membersChanged() {
 	m.nt.signal()
@@ -589,11 +681,18 @@ func (m *Memberlist) Receive(fn func(from string, msg []byte)) (stop func()) {
 func (m *Memberlist) Dropped() uint64 { return m.in.dropped.Load() }
 
 // messageDelegate hands the messages memberlist receives to the inbox. Its
-// NotifyMsg runs on memberlist's packet goroutine and never blocks; the
-// other methods are memberlist's hooks for gossiping state, unused here.
+// NotifyMsg runs on memberlist's packet goroutine and never blocks. Of
+// memberlist's hooks for gossiping state, only NodeMeta is used: it says
+// that a node is leaving.
 type messageDelegate struct{ m *Memberlist }
 
 func (d messageDelegate) NotifyMsg(b []byte) {
+	if from, ok := parseLeaving(b); ok {
+		if string(from) != d.m.name {
+			d.m.heardLeaving(string(from))
+		}
+		return
+	}
 	from, msg, ok := parseFrame(b)
 	if !ok || string(from) == d.m.name {
 		d.m.in.drop()
@@ -602,7 +701,14 @@ func (d messageDelegate) NotifyMsg(b []byte) {
 	d.m.in.deliver(string(from), msg)
 }
 
-func (messageDelegate) NodeMeta(limit int) []byte                  { return nil }
+// NodeMeta is metaLeaving once Close has started, and empty before.
+func (d messageDelegate) NodeMeta(limit int) []byte {
+	if d.m.leaving.Load() {
+		return metaLeaving
+	}
+	return nil
+}
+
 func (messageDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (messageDelegate) LocalState(join bool) []byte                { return nil }
 func (messageDelegate) MergeRemoteState(buf []byte, join bool)     {}

@@ -106,6 +106,34 @@ func appendFrame(dst []byte, from string, msg []byte) []byte {
 	return append(dst, msg...)
 }
 
+// frameLeaving is the first byte of a node's notice that it is leaving
+// (see Memberlist.close): the sender's name follows as in appendFrame,
+// with no message. It is far from frameVersion, so that later versions of
+// the message frame keep the small numbers; nodes that know only
+// frameVersion drop it.
+const frameLeaving = 0x80
+
+// appendLeaving appends the wire form of from's notice that it is leaving.
+func appendLeaving(dst []byte, from string) []byte {
+	dst = append(dst, frameLeaving)
+	dst = binary.AppendUvarint(dst, uint64(len(from)))
+	return append(dst, from...)
+}
+
+// parseLeaving returns the sender of a notice made by appendLeaving, and
+// false for anything else.
+func parseLeaving(b []byte) (from []byte, ok bool) {
+	if len(b) < 1 || b[0] != frameLeaving {
+		return nil, false
+	}
+	b = b[1:]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n == 0 || n > MaxNameLength || n != uint64(len(b)-k) {
+		return nil, false
+	}
+	return b[k:], true
+}
+
 // parseFrame splits a frame made by appendFrame. It reports false for
 // anything else: another version, a truncated name, an empty name or a
 // message longer than MaxMessage.

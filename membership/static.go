@@ -22,7 +22,7 @@ type Static struct {
 }
 
 var (
-	_ Counter   = (*Static)(nil)
+	_ Roster    = (*Static)(nil)
 	_ Messenger = (*Static)(nil)
 )
 
@@ -35,7 +35,11 @@ func NewStatic(name string, n int) *Static {
 	s := &Static{name: name, in: newInbox()}
 	s.count.Store(int64(max(n, 1)))
 	load := func() int { return int(s.count.Load()) }
-	s.nt = newNotifier(load, load, false)
+	refresh := func() (int, []string) {
+		v := s.View()
+		return v.Count, v.Members
+	}
+	s.nt = newNotifier(refresh, load, false)
 	return s
 }
 
@@ -54,3 +58,17 @@ func (s *Static) Set(n int) {
 
 // Watch implements Counter.
 func (s *Static) Watch(fn func(n int)) (stop func()) { return s.nt.watch(fn) }
+
+// View implements Roster. Its Members are the names of the Statics
+// connected to s's Bus, s included, or s's name alone without a Bus; its
+// Count is s's count, which its owner sets and need not match them.
+func (s *Static) View() View {
+	return View{Count: s.Count(), Members: s.bus.Load().names(s.name)}
+}
+
+// WatchView implements Roster. A View's Left names the Statics that left
+// s's Bus with Leave; one disconnected with Connect is not in it, as a
+// crashed member would not be.
+func (s *Static) WatchView(fn func(View)) (stop func()) {
+	return s.nt.watchView(fn, s.View().Members)
+}

@@ -31,8 +31,10 @@ const (
 	// clientTimeout bounds every step of the go-redis client, so that
 	// nothing hangs on a Redis that is down.
 	clientTimeout = 200 * time.Millisecond
-	// leaveTimeout bounds how long an instance waits for its goodbye to
-	// reach the other members.
+	// leaveTimeout bounds each of the two waits of an instance's leave:
+	// for the news that it is leaving to go out (so that the others take
+	// the departure for a graceful one, and re-split at once), then for its
+	// goodbye to reach the other members.
 	leaveTimeout = 500 * time.Millisecond
 )
 

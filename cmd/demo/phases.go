@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/hybridlimit/hybridlimit/hybrid"
@@ -433,10 +434,16 @@ func (d *demo) watcher(p phaseKind) func() (string, bool) {
 				})
 		}
 	case leave:
+		// The leaving instance stopped deciding and released its leases
+		// before it left the cluster (instance.close): the others drop it
+		// from N at once, and split their default shares by the new N,
+		// instead of counting it for PeakWindow as they would a crashed one.
 		n := len(d.live())
 		return func() (string, bool) {
-			return fmt.Sprintf("every instance counts N = %d, %.2fs after the leaving one began to close", n, since()),
-				every(func(_ hybrid.Limit, st hybrid.Status) bool { return st.Instances == n })
+			return fmt.Sprintf("every instance counts N = %d and splits its default shares by %d, %.2fs after the leaving one began to close", n, n, since()),
+				every(func(l hybrid.Limit, st hybrid.Status) bool {
+					return st.Instances == n && math.Abs(float64(st.LocalShare.Limit)-l.Rate/float64(n)) < 1e-9*l.Rate
+				})
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -474,5 +475,58 @@ func TestTakeExactTurns(t *testing.T) {
 		if got := take(inst); !got.Allowed {
 			t.Errorf("%s came back at its turn and was denied: %+v", inst, got)
 		}
+	}
+}
+
+// TestLeaseDrainsThePool: an exact user that takes a lease with Drain moves
+// the grant's part of the burst from the key's pool to itself (what the
+// pool held for its traffic, as last stored): the pool keeps the rest, and
+// no token is made. Without Drain nothing moves.
+func TestLeaseDrainsThePool(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate, burst = 0.01, 40 // no refill to speak of while the test runs
+	poolOf := func(key string) float64 {
+		t.Helper()
+		h, err := readHash(rdb, store.LeaseKey("drain", key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tokens float64
+		var at int64
+		if _, err := fmt.Sscanf(h.pool, "%g %d", &tokens, &at); err != nil {
+			t.Fatalf("pool %q: %v", h.pool, err)
+		}
+		return tokens
+	}
+	for _, tc := range []struct {
+		key   string
+		want  float64 // of a rate of 0.01
+		drain int
+	}{
+		// Alone with exact bursts, a takes 1 of the full pool of 40, then
+		// leases: the grant's part of the burst moves, up to the 39 left.
+		{"part", rate / 2, burst},
+		{"whole", rate, burst},
+		// No drain: the pool keeps its 39.
+		{"none", rate, 0},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			if _, err := store.TakeExact(ctx, global.ExactRequest{Limit: "drain", Key: tc.key, Instance: "a",
+				Rate: rate, Burst: burst, Instances: 2, N: 1, TTL: 10 * time.Second, ExactBursts: true}); err != nil {
+				t.Fatal(err)
+			}
+			got := lease(t, store, global.LeaseRequest{Limit: "drain", Key: tc.key, Instance: "a", Want: tc.want,
+				Rate: rate, Instances: 2, TTL: 10 * time.Second, ExactBursts: true, Drain: tc.drain})
+			want := min(39, int(math.Floor(float64(tc.drain)*got.Granted/rate+1e-9)))
+			if got.Granted <= 0 || got.Drained != want {
+				t.Errorf("lease %+v: want a grant, and %d drained (the grant's part of %d, at most the 39 left)", got, want, tc.drain)
+			}
+			if p := poolOf(tc.key); math.Abs(p-float64(39-want)) > 0.01 {
+				t.Errorf("pool holds %v after the lease, want %d", p, 39-want)
+			}
+		})
 	}
 }

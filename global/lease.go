@@ -73,6 +73,13 @@ type LeaseRequest struct {
 	// without asking (see ExactRequest.ExactBursts): instances that hold no
 	// record of the key are then counted at 0, not at Rate/Instances.
 	ExactBursts bool
+	// Drain is, for an instance on its way from the exact placement to a
+	// lease, the limit's burst: with a grant, up to the grant's part of it
+	// (Drain·Granted/Rate, the lease's burst) moves from the key's pool to
+	// the instance (see Lease.Drained), so that what the pool held for its
+	// traffic goes on in its local bucket instead of staying behind. Zero
+	// moves none. It must not be negative.
+	Drain int
 }
 
 // maxTTL is the longest lease of any instance, at least r's.
@@ -99,6 +106,8 @@ func (r *LeaseRequest) validate() error {
 		return fmt.Errorf("%w: running %v is not a non-negative finite number", ErrInvalid, r.Running)
 	case r.RunningFor < 0:
 		return fmt.Errorf("%w: running for %v is negative", ErrInvalid, r.RunningFor)
+	case r.Drain < 0:
+		return fmt.Errorf("%w: drain %d is negative", ErrInvalid, r.Drain)
 	}
 	return nil
 }
@@ -138,6 +147,10 @@ type Lease struct {
 	// of the key and were counted at their default share: asking them to
 	// yield is what could free more for this instance.
 	Unrecorded int
+	// Drained is how many whole tokens moved from the key's exact pool to
+	// this instance with the grant (see LeaseRequest.Drain): they are its
+	// to admit now, in its local bucket, up to its lease's burst.
+	Drained int
 	// Err is the failure of this request alone (for example WRONGTYPE at its
 	// key, or an error wrapping ErrInvalid), nil on success. When Err is set
 	// the other fields are zero.
@@ -182,6 +195,7 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 			flag(r.Held),
 			strconv.FormatInt(int64(r.maxTTL()/time.Microsecond), 10),
 			flag(r.ExactBursts),
+			strconv.Itoa(r.Drain),
 		}
 	}, func(i int) error { return reqs[i].validate() }, out)
 	if err != nil {
@@ -340,17 +354,18 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	f, err := replyStrings(v, 8)
+	f, err := replyStrings(v, 9)
 	if err != nil {
 		return Lease{}, err
 	}
+	drained, err7 := strconv.Atoi(f[8])
 	granted, err1 := strconv.ParseFloat(f[0], 64)
 	fair, err2 := strconv.ParseFloat(f[1], 64)
 	demand, err3 := strconv.ParseFloat(f[2], 64)
 	expiry, err4 := strconv.ParseInt(f[4], 10, 64)
 	in, err5 := strconv.ParseInt(f[6], 10, 64)
 	unrecorded, err6 := strconv.Atoi(f[7])
-	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil || !isFlag(f[3]) || !isFlag(f[5]) {
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7); err != nil || !isFlag(f[3]) || !isFlag(f[5]) || drained < 0 {
 		return Lease{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
 	return Lease{
@@ -362,5 +377,6 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 		Lost:       f[5] == "1",
 		In:         time.Duration(in) * time.Microsecond,
 		Unrecorded: unrecorded,
+		Drained:    drained,
 	}, nil
 }

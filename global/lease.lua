@@ -19,9 +19,15 @@
 -- ARGV[11] exact_bursts ("0"/"1", absent = "0"): the limit's instances
 --          never run a default share unasked (their first decision on a
 --          key asks Redis), so unrecorded instances are counted at 0
+-- ARGV[12] drain (>= 0, absent = 0): the instance comes from the exact
+--          placement; with a grant, up to drain * granted / rate whole
+--          tokens (the lease's part of a burst of drain) move from the
+--          key's pool to it, as the pool last stored them (without refill),
+--          so that its traffic goes on at the lease with what the pool
+--          held for it
 --
 -- Returns {granted, fair, demand, contended ("0"/"1"), expiry_us, lost
--- ("0"/"1")}, all strings because Redis truncates Lua numbers to integers.
+-- ("0"/"1"), in_us, unrecorded, drained}, all strings because Redis truncates Lua numbers to integers.
 -- fair is this instance's max-min fair share. expiry_us is when the lease
 -- ends; for a release, when the instance may run its default share again
 -- (grants made while its record counted it lower may run until then).
@@ -88,8 +94,9 @@ local running_us = tonumber(ARGV[7])
 local yield, held = ARGV[8] == '1', ARGV[9] == '1'
 local max_ttl = tonumber(ARGV[10])
 local exact_bursts = ARGV[11] == '1'
+local drain = tonumber(ARGV[12] or '0')
 local valid = inst ~= nil and inst ~= '' and want and rate and n and ttl
-  and running and running_us and max_ttl
+  and running and running_us and max_ttl and drain and drain >= 0
   and (ARGV[8] == '0' or ARGV[8] == '1') and (ARGV[9] == '0' or ARGV[9] == '1')
   and not (want < 0 or rate < 0 or n < 1 or ttl < 1 or running < 0
   or running_us < 0 or max_ttl < 1)
@@ -136,6 +143,7 @@ if granted < 0 or release then granted = 0 end
 
 local expiry = now
 local last = h.last
+local drained = 0
 if release then
   redis.call('HDEL', key, self, self_x)
   -- Counted at its default share from now on: it may run that share at
@@ -161,6 +169,20 @@ else
   end
   redis.call('HSET', key, self, encode_lease(l))
   last = math.max(last, expiry)
+  if drain > 0 and granted > 0 and h.pool ~= nil then
+    -- Moved, not copied: the pool keeps what is left, refilling from its
+    -- last time as before.
+    local a, b = string.match(h.pool, '^(%S+) (%S+)$')
+    local tokens, at = tonumber(a), tonumber(b)
+    if tokens ~= nil and at ~= nil then
+      -- At most the grant's part of drain (the lease's burst), so that
+      -- the pool keeps what the lease could not hold.
+      drained = math.max(0, math.min(math.floor(drain * granted / rate + 1e-9), math.floor(tokens)))
+      if drained > 0 then
+        redis.call('HSET', key, 'p', string.format('%.17g %d', tokens - drained, at))
+      end
+    end
+  end
 end
 if lost ~= nil then last = math.max(last, lost) end
 if h.pool ~= nil then
@@ -182,4 +204,5 @@ return {
   is_lost,
   string.format('%d', expiry - now),
   string.format('%d', unrecorded),
+  string.format('%d', drained),
 }

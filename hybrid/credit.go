@@ -3,6 +3,8 @@ package hybrid
 import (
 	"sync"
 	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // Credit: with exact bursts, an exact decision that Redis allows may also
@@ -113,4 +115,18 @@ func (b *creditBook) add(key string, tokens int, now, until time.Time) {
 		}
 		b.sweepAt = 2*len(b.keys) + 64
 	}
+}
+
+// creditShares is the local limiter as the engine sees it, for a limit with
+// exact bursts: tokens given to a key (what its exact pool held for it,
+// when it takes a lease) come with the key's credit, which its decisions
+// no longer use once it decides locally. Both were taken from the pool
+// already: they move, they are not made.
+type creditShares struct {
+	*local.Limiter
+	book *creditBook
+}
+
+func (s creditShares) Give(t time.Time, key string, tokens int) bool {
+	return s.Limiter.Give(t, key, tokens+s.book.surrender(key, t))
 }

@@ -207,6 +207,7 @@ type keyShares interface {
 	Unassign(t time.Time, key string) bool
 	SetMark(key string, m uint8) bool
 	SetNewMark(m uint8)
+	Give(t time.Time, key string, tokens int) bool
 }
 
 // instantShares is keyShares taking the engine's instants.
@@ -221,6 +222,10 @@ func (s instantShares) Assign(t instant, key string, sh local.Share, until insta
 
 func (s instantShares) AssignNew(t instant, key string, sh local.Share, until instant) bool {
 	return s.keyShares.AssignNew(s.clock.time(t), key, sh, s.clock.time(until))
+}
+
+func (s instantShares) Give(t instant, key string, tokens int) bool {
+	return s.keyShares.Give(s.clock.time(t), key, tokens)
 }
 
 func (s instantShares) Unassign(t instant, key string) bool {
@@ -609,8 +614,10 @@ func (e *engine) stepLeaving(now instant, n int, def float64, st *local.KeyStats
 		return calls
 	}
 	c := e.leaseCall(now, n, def, st, le)
-	// It runs nothing locally until the grant is in force.
+	// It runs nothing locally until the grant is in force. What the pool
+	// holds for it comes along with the grant (a client's burst goes on).
 	c.req.Running, c.req.RunningFor, c.req.Held = 0, 0, false
+	c.req.Drain = e.burst
 	le.renewAt = now.Add(e.t.tick)
 	return append(calls, c)
 }
@@ -811,8 +818,14 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 		e.toExact(at, c.req.Key, le, markExactDropLease)
 		return false
 	}
+	leaving := le.state == stateLeaving
 	e.shares.SetMark(c.req.Key, 0)
 	if e.shares.Assign(at, c.req.Key, share, le.until) {
+		if leaving {
+			// The tokens the exact pool held for it, now its own, and
+			// any credit it holds.
+			e.shares.Give(at, c.req.Key, res.Drained)
+		}
 		le.state = stateHeld
 		return true
 	}

@@ -79,6 +79,9 @@ func (f rigShares) AssignNew(t time.Time, key string, s local.Share, until time.
 func (f rigShares) Unassign(t time.Time, key string) bool { return f.r.loc.Unassign(t, key) }
 func (f rigShares) SetMark(key string, m uint8) bool      { return f.r.loc.SetMark(key, m) }
 func (f rigShares) SetNewMark(m uint8)                    { f.r.loc.SetNewMark(m) }
+func (f rigShares) Give(t time.Time, key string, tokens int) bool {
+	return f.r.loc.Give(t, key, tokens)
+}
 
 // op is one step's call: it runs at now and returns the lease requests the
 // engine made, if any.

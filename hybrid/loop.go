@@ -218,7 +218,8 @@ func (l *Limiter) apply(now time.Time, n int, e *limitEntry, b *batch) {
 		e.m.contendedKeys.Set(0)
 	case e.Mode == Hybrid && e.eng == nil:
 		e.eng = newEngine(e.Limit, l.members.Name(),
-			timings{tick: l.cfg.Tick, contendedTTL: l.cfg.ContendedTTL, uncontendedTTL: l.cfg.UncontendedTTL, redisTimeout: l.cfg.RedisTimeout}, e.loc)
+			timings{tick: l.cfg.Tick, contendedTTL: l.cfg.ContendedTTL, uncontendedTTL: l.cfg.UncontendedTTL, redisTimeout: l.cfg.RedisTimeout},
+			creditShares{Limiter: e.loc, book: &e.credits})
 	case e.Mode == Hybrid && (was.Rate != e.Rate || was.Burst != e.Burst || was.ExactBursts != e.ExactBursts):
 		e.eng.setLimit(e.Rate, e.Burst, e.ExactBursts)
 		e.eng.renewAll(now)

@@ -529,6 +529,22 @@ func (l *Limiter) SetMark(key string, m uint8) bool {
 	})
 }
 
+// Give adds tokens to key's bucket at t, up to its burst: tokens moved to
+// this instance from elsewhere (package hybrid moves what a key's exact
+// pool in Redis held for it when the key takes a lease), which the key may
+// spend at once. A marked key, whose decisions are made elsewhere, takes
+// none. It reports false if the key does not exist.
+func (l *Limiter) Give(t time.Time, key string, tokens int) bool {
+	return l.with(key, func(sh *shard, e *entry) {
+		if e.mark != 0 || tokens <= 0 {
+			return
+		}
+		now := sh.advance(e, t)
+		e.b.tokens = min(e.b.advance(now)+float64(tokens), float64(e.b.burst))
+		e.b.last = now
+	})
+}
+
 // SetHold asks that AllowN report Hold for the marked key until until: a
 // denial that said nothing is available until then. It reports false if
 // the key does not exist or is not marked.

@@ -70,6 +70,17 @@ type LeaseRequest struct {
 	// without asking (see ExactRequest.ExactBursts): instances that hold no
 	// record of the key are then counted at 0, not at Rate/Instances.
 	ExactBursts bool
+	// Young says the instance's demand above what it runs is recent: it is
+	// granted as any request is, from what the others leave, but its
+	// record wants no more than the larger of that grant and Running, so
+	// that the other instances' fair shares, and their grants at their
+	// next renewals, are not cut for it. The rest of its want still counts
+	// as demand (Lease.Demand, Lease.Contended): while it goes unmet, no
+	// instance is granted a part of what nobody wants on top of its own
+	// want. An instance asks so while a
+	// reallocation would cost more than it brings: a pulse that may end
+	// before the others' cut has landed.
+	Young bool
 }
 
 // maxTTL is the longest lease of any instance, at least r's.
@@ -179,6 +190,7 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 			flag(r.Held),
 			strconv.FormatInt(int64(r.maxTTL()/time.Microsecond), 10),
 			flag(r.ExactBursts),
+			flag(r.Young),
 		}
 	}, func(i int) error { return reqs[i].validate() }, out)
 	if err != nil {

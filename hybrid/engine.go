@@ -287,6 +287,9 @@ type engine struct {
 	// held key's Attempted counters then (quietAt, quietPrev) tell its
 	// demand over the last two ticks.
 	ticks [2]time.Time
+	// denied: the key step is at was denied a decision since the last
+	// tick (scratch of step, read by renewal).
+	denied bool
 	// degraded: Redis is taken to be unreachable; exact keys go back to
 	// their default share, for the outage policy. Set by the loop.
 	degraded bool
@@ -393,6 +396,7 @@ func (e *engine) collect(now time.Time, n int, stats []local.KeyStats, calls []c
 func (e *engine) step(now time.Time, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
 	denied := st.Denied != le.deniedAt
 	le.deniedAt = st.Denied
+	e.denied = denied
 	if (le.state == stateDefault || le.state == stateYielded) && now.Sub(le.demand.lastAt()) >= time.Second {
 		// Once a second, a key without a lease measures its demand (what
 		// it would yield to if asked). If no decision came since the last
@@ -518,6 +522,23 @@ func (e *engine) fell(now time.Time, st *local.KeyStats, le *lease, prev int64) 
 		return 0, false
 	}
 	return max(got/elapsed*headroom, e.rate*minWantFraction), true
+}
+
+// demandNow is the key's demand at now: measured over its window, or, if
+// more, over the last tick when it was denied in it. The window reaches
+// back to demandTokens decisions and lags a jump by a renewal or two; a
+// denial says the last tick's demand is real, not a lull's rebound. Only
+// for keys that existed a tick ago (a new key's first burst says nothing
+// of its rate) and that the lag costs: a contended lease, whose want is
+// its share, and a yielded key; an uncontended lease takes a client's
+// burst over a tick for no rate.
+func (e *engine) demandNow(now time.Time, st *local.KeyStats, le *lease, def float64) float64 {
+	d := le.demand.rate(now, st, def)
+	if e.denied && ((le.state == stateHeld && le.contended) || le.state == stateYielded) && !e.ticks[0].IsZero() &&
+		!st.Created.After(e.ticks[0]) && e.onTime(now.Sub(e.ticks[0])) {
+		d = max(d, float64(st.Attempted-le.quietPrev)/now.Sub(e.ticks[0]).Seconds())
+	}
+	return d
 }
 
 // onTime reports whether gap, between two ticks, was about a tick: a tick
@@ -663,7 +684,7 @@ func (e *engine) due(now time.Time, st *local.KeyStats, le *lease, def float64) 
 	case elapsed < soonTicks*e.t.tick:
 		return false
 	case le.contended && le.fair >= le.lastWant*settledFair &&
-		le.demand.rate(now, st, def)*headroom > le.lastWant*settledGrow:
+		e.demandNow(now, st, le, def)*headroom > le.lastWant*settledGrow:
 		// It was granted its whole want, and its demand grew well past it:
 		// the want is what holds it back, so it asks again at once.
 		return true
@@ -706,7 +727,7 @@ func (e *engine) idle(now time.Time, n int, st *local.KeyStats, le *lease, calls
 // renewal builds the lease request of a due key and records it as sent at
 // now.
 func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, def float64) global.LeaseRequest {
-	want := max(le.demand.rate(now, st, def)*headroom, e.rate*minWantFraction)
+	want := max(e.demandNow(now, st, le, def)*headroom, e.rate*minWantFraction)
 	if le.state == stateDefault || le.state == stateAsking {
 		// Its default share turned requests away: it wants more than
 		// that, whatever its few decisions so far measure.

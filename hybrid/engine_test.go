@@ -1385,3 +1385,23 @@ func TestEngineAskedHeldRenews(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineDeniedWantsLastTick: a held key denied since the last tick
+// asks for at least its demand over that tick, with headroom: its window,
+// which reaches back to demandTokens decisions, lags a jump.
+func TestEngineDeniedWantsLastTick(t *testing.T) {
+	// Granted all it asked for: its demand growing, it asks again.
+	r := newRig(t)
+	heldAt(r, 25, 25, time.Hour)
+	r.loc.Allow(t0.Add(eTick), "k")
+	if calls, _ := r.eng.collect(t0.Add(eTick), eN, r.loc.AppendStats(nil), nil); len(calls) != 0 {
+		t.Fatalf("at %v: requests %v; want none", eTick, calls)
+	}
+	for range 20 {
+		r.loc.Allow(t0.Add(2*eTick), "k") // 400/s over the tick: its burst of 5 runs out
+	}
+	calls, _ := r.eng.collect(t0.Add(2*eTick), eN, r.loc.AppendStats(nil), nil)
+	if len(calls) != 1 || math.Abs(calls[0].req.Want-400*headroom) > 1e-6 {
+		t.Fatalf("at %v: requests %v; want one for 440/s", 2*eTick, calls)
+	}
+}

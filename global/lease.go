@@ -120,8 +120,9 @@ type Lease struct {
 	// means other instances still hold more than their share and will shrink
 	// at their next renewal, so asking again soon is worthwhile.
 	Fair float64
-	// Demand is the sum of the live wants, exact users and unrecorded
-	// instances counted at Rate/Instances.
+	// Demand is the sum of the live wants (young ones in full, see
+	// LeaseRequest.Young), exact users and unrecorded instances counted at
+	// Rate/Instances.
 	Demand float64
 	// Contended reports whether Demand exceeds the rate.
 	Contended bool

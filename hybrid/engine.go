@@ -249,7 +249,8 @@ const (
 	// fallBelow of what it last asked for, when that would have been at
 	// least fallTokens decisions, gives back what it no longer uses at
 	// once (engine.fell). fallTokens keeps sparse keys, whose arrivals are
-	// too few per tick to tell a fall from chance, on their schedule.
+	// too few per tick to tell a fall (or a jump, engine.demandNow) from
+	// chance, on their schedule.
 	fallBelow  = 0.25
 	fallTokens = 8
 )
@@ -531,12 +532,14 @@ func (e *engine) fell(now time.Time, st *local.KeyStats, le *lease, prev int64) 
 // for keys that existed a tick ago (a new key's first burst says nothing
 // of its rate) and that the lag costs: a contended lease, whose want is
 // its share, and a yielded key; an uncontended lease takes a client's
-// burst over a tick for no rate.
+// burst over a tick for no rate. And only when the tick holds fallTokens
+// decisions or more: a sparse key's one request in a tick is no rate.
 func (e *engine) demandNow(now time.Time, st *local.KeyStats, le *lease, def float64) float64 {
 	d := le.demand.rate(now, st, def)
-	if e.denied && ((le.state == stateHeld && le.contended) || le.state == stateYielded) && !e.ticks[0].IsZero() &&
+	if got := st.Attempted - le.quietPrev; e.denied && got >= fallTokens &&
+		((le.state == stateHeld && le.contended) || le.state == stateYielded) && !e.ticks[0].IsZero() &&
 		!st.Created.After(e.ticks[0]) && e.onTime(now.Sub(e.ticks[0])) {
-		d = max(d, float64(st.Attempted-le.quietPrev)/now.Sub(e.ticks[0]).Seconds())
+		d = max(d, float64(got)/now.Sub(e.ticks[0]).Seconds())
 	}
 	return d
 }
@@ -754,7 +757,9 @@ func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, de
 	req.Running, req.Held = running, held
 	// Demand above what the key runs that is younger than youngFor takes
 	// only what the others leave: cutting them for it would lose more
-	// than it brings if it ends soon.
+	// than it brings if it ends soon. Not for a limit whose default share
+	// splits the burst below exactBurstBelow: its contended keys go to the
+	// exact placement, where what a young want holds back is the move.
 	switch {
 	case want <= running*headroom+e.rate*minWantFraction:
 		// Within what it runs, give or take the headroom and the least
@@ -764,7 +769,8 @@ func (e *engine) renewal(now time.Time, n int, st *local.KeyStats, le *lease, de
 	case le.wantsMoreAt.IsZero():
 		le.wantsMoreAt = now
 	}
-	req.Young = !le.wantsMoreAt.IsZero() && now.Sub(le.wantsMoreAt) < e.youngFor()
+	req.Young = !le.wantsMoreAt.IsZero() && now.Sub(le.wantsMoreAt) < e.youngFor() &&
+		e.share(def).Burst >= exactBurstBelow
 	switch le.state {
 	case stateHeld:
 		req.RunningFor = le.until.Sub(now)

@@ -1405,3 +1405,16 @@ func TestEngineDeniedWantsLastTick(t *testing.T) {
 		t.Fatalf("at %v: requests %v; want one for 440/s", 2*eTick, calls)
 	}
 }
+
+// TestEngineYoungDemandSplitsWell: a limit whose default share splits the
+// burst below exactBurstBelow never says its demand is young: its
+// contended keys go to the exact placement instead.
+func TestEngineYoungDemandSplitsWell(t *testing.T) {
+	r := newRig(t)
+	r.eng.setLimit(eRate, 8, false) // a default burst share of 2
+	le := heldAt(r, 25, 27.5, time.Hour)
+	st := &local.KeyStats{Key: "k", Created: t0, Attempted: 50, LastSeen: t0.Add(500 * ms)}
+	if r.eng.renewal(t0.Add(500*ms), eN, st, le, eDef).Young {
+		t.Fatal("young with a default burst share of 2")
+	}
+}

@@ -75,15 +75,15 @@ func (f leaseField) holds(nowUS int64) float64 {
 // parseLeaseField parses one i:<instance> value of the lease hash.
 func parseLeaseField(v string) (leaseField, error) {
 	fs := strings.Fields(v)
-	if len(fs) != 3 && len(fs) != 5 {
-		return leaseField{}, fmt.Errorf("%q: want 3 or 5 fields", v)
+	if len(fs) != 3 && len(fs) != 5 && len(fs) != 6 {
+		return leaseField{}, fmt.Errorf("%q: want 3, 5 or 6 fields", v)
 	}
 	var f leaseField
 	var errs [5]error
 	f.granted, errs[0] = strconv.ParseFloat(fs[0], 64)
 	f.want, errs[1] = strconv.ParseFloat(fs[1], 64)
 	f.expiryUS, errs[2] = strconv.ParseInt(fs[2], 10, 64)
-	if len(fs) == 5 {
+	if len(fs) >= 5 {
 		f.running, errs[3] = strconv.ParseFloat(fs[3], 64)
 		f.runningUS, errs[4] = strconv.ParseInt(fs[4], 10, 64)
 	}

@@ -73,6 +73,17 @@ type LeaseRequest struct {
 	// without asking (see ExactRequest.ExactBursts): instances that hold no
 	// record of the key are then counted at 0, not at Rate/Instances.
 	ExactBursts bool
+	// Young says the instance's demand above what it runs is recent: it is
+	// granted as any request is, from what the others leave, but its
+	// record wants no more than the larger of that grant and Running, so
+	// that the other instances' fair shares, and their grants at their
+	// next renewals, are not cut for it. The rest of its want still counts
+	// as demand (Lease.Demand, Lease.Contended): while it goes unmet, no
+	// instance is granted a part of what nobody wants on top of its own
+	// want. An instance asks so while a
+	// reallocation would cost more than it brings: a pulse that may end
+	// before the others' cut has landed.
+	Young bool
 	// Drain is, for an instance on its way from the exact placement to a
 	// lease, the limit's burst: with a grant, up to the grant's part of it
 	// (Drain·Granted/Rate, the lease's burst) moves from the key's pool to
@@ -121,8 +132,9 @@ type Lease struct {
 	// means other instances still hold more than their share and will shrink
 	// at their next renewal, so asking again soon is worthwhile.
 	Fair float64
-	// Demand is the sum of the live wants, exact users and unrecorded
-	// instances counted at Rate/Instances.
+	// Demand is the sum of the live wants (young ones in full, see
+	// LeaseRequest.Young), exact users and unrecorded instances counted at
+	// Rate/Instances.
 	Demand float64
 	// Contended reports whether Demand exceeds the rate.
 	Contended bool
@@ -195,6 +207,7 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 			flag(r.Held),
 			strconv.FormatInt(int64(r.maxTTL()/time.Microsecond), 10),
 			flag(r.ExactBursts),
+			flag(r.Young),
 			strconv.Itoa(r.Drain),
 		}
 	}, func(i int) error { return reqs[i].validate() }, out)

@@ -19,7 +19,15 @@
 -- ARGV[11] exact_bursts ("0"/"1", absent = "0"): the limit's instances
 --          never run a default share unasked (their first decision on a
 --          key asks Redis), so unrecorded instances are counted at 0
--- ARGV[12] drain (>= 0, absent = 0): the instance comes from the exact
+-- ARGV[12] young ("0"/"1", absent = "0"): the instance's demand above what
+--          it runs is too recent to cut the others' grants for: it is
+--          granted what it would be, but its record wants no more than it
+--          then holds (the larger of grant and running), so that the
+--          others' fair shares, and their grants at their next renewals,
+--          do not make room for it; the rest of its want is kept apart
+--          (young_want) and still counts as demand: while it goes unmet,
+--          nobody is granted what nobody wants on top of its want
+-- ARGV[13] drain (>= 0, absent = 0): the instance comes from the exact
 --          placement; with a grant, up to drain * granted / rate whole
 --          tokens (the lease's part of a burst of drain) move from the
 --          key's pool to it, as the pool last stored them (without refill),
@@ -94,7 +102,8 @@ local running_us = tonumber(ARGV[7])
 local yield, held = ARGV[8] == '1', ARGV[9] == '1'
 local max_ttl = tonumber(ARGV[10])
 local exact_bursts = ARGV[11] == '1'
-local drain = tonumber(ARGV[12] or '0')
+local young = ARGV[12] == '1'
+local drain = tonumber(ARGV[13] or '0')
 local valid = inst ~= nil and inst ~= '' and want and rate and n and ttl
   and running and running_us and max_ttl and drain and drain >= 0
   and (ARGV[8] == '0' or ARGV[8] == '1') and (ARGV[9] == '0' or ARGV[9] == '1')
@@ -136,7 +145,10 @@ wants[#wants + 1] = want
 local counted = h.others + (h.exact + unrecorded) * share
 
 local demand, level, left = water_fill(wants, rate)
-local fair = fair_share(want, level, left, #wants, rate, n, yield)
+-- Young wants do not cut the others' fair shares, but what is left is not
+-- handed out on top of the wants while they go unmet.
+demand = demand + h.young
+local fair = fair_share(want, level, left, #wants, rate, n, yield or h.young > 0)
 local granted = math.min(fair, rate - counted)
 if lost ~= nil then granted = math.min(granted, running) end
 if granted < 0 or release then granted = 0 end
@@ -160,6 +172,10 @@ else
   expiry = now + ttl
   redis.call('HDEL', key, self_x)
   local l = {granted = granted, want = want, expiry = expiry}
+  if young then
+    l.want = math.min(want, math.max(granted, running))
+    if want > l.want then l.young_want = want end
+  end
   if running > 0 and running_us > 0 then
     -- Until it hears of this grant the instance runs what it has: count
     -- that too, until it ends, so that what it gives up is not granted to

@@ -601,6 +601,7 @@ type leaseStep struct {
 	want    float64
 	yield   bool
 	exact   bool // ExactBursts: unrecorded instances are counted at 0
+	young   bool // Young: its want above what it holds cuts nobody
 	n       int
 	granted float64
 	// returnsIn, for a release, is how long after the call the instance
@@ -667,6 +668,28 @@ func TestLeaseCounting(t *testing.T) {
 			// A release of a record of the default share or more: at once.
 			{inst: "b", want: 0, n: 2, granted: 0},
 		}},
+		{"young demand cuts nobody", false, []leaseStep{
+			{inst: "b", want: 0, yield: true, n: 2, granted: 0},
+			{inst: "a", want: 100, n: 2, granted: 100},
+			// b's young want takes what is free, nothing, and its record
+			// wants what it holds: a keeps the whole rate.
+			{inst: "b", want: 100, young: true, n: 2, granted: 0},
+			{inst: "a", want: 100, n: 2, granted: 100},
+			// Once b's want is not young, a's fair share is half.
+			{inst: "b", want: 100, n: 2, granted: 0},
+			{inst: "a", want: 100, n: 2, granted: 50},
+		}},
+		{"young demand keeps what nobody wants from the others", false, []leaseStep{
+			{inst: "b", want: 0, yield: true, n: 2, granted: 0},
+			// a alone wants 10: 10 + 90/2.
+			{inst: "a", want: 10, n: 2, granted: 55},
+			// b wants 80, young: it takes the 45 that are free, and records
+			// wanting 45 (and 80 young).
+			{inst: "b", want: 80, young: true, n: 2, granted: 45},
+			// a again: all fits, but b's young demand is unmet, so a gets
+			// its want, not 10 + 45/2.
+			{inst: "a", want: 10, n: 2, granted: 10},
+		}},
 		{"a lapsed record returns through a release", false, []leaseStep{
 			{inst: "a", want: 0, yield: true, n: 2, granted: 0, ttl: 50 * time.Millisecond},
 			{inst: "b", want: 100, n: 2, granted: 100},
@@ -700,7 +723,7 @@ func TestLeaseCounting(t *testing.T) {
 					ttl = 10 * time.Second
 				}
 				got := lease(t, store, global.LeaseRequest{Limit: "count", Key: tt.name, Instance: s.inst,
-					Want: s.want, Yield: s.yield, ExactBursts: s.exact, Rate: rate, Instances: s.n, TTL: ttl})
+					Want: s.want, Yield: s.yield, ExactBursts: s.exact, Young: s.young, Rate: rate, Instances: s.n, TTL: ttl})
 				if !approx(got.Granted, s.granted) || got.Lost {
 					t.Errorf("step %d (%+v): %+v, want granted %v", i, s, got, s.granted)
 				}

@@ -4,16 +4,17 @@
 -- The hash of one (limit, key) holds, at server time now (microseconds):
 --   "i:<instance>"  a rate lease: "granted want expiry_us", or "granted
 --                   want expiry_us running running_until_us" when the
---                   instance said it was running a grant until then;
+--                   instance said it was running a grant until then, or
+--                   those five and "young_want" when its demand above
+--                   what it holds is young (lease.lua's ARGV[12]): want
+--                   is then what it holds, young_want what it wants;
 --   "x:<instance>"  an exact user, which decides each request against the
 --                   pool and runs nothing locally: "expiry_us";
 --   "c:<instance>"  credit: tokens an exact user took from the pool ahead
 --                   of its requests, which it may admit locally until
 --                   then: "tokens until_us". Counted against the pool's
 --                   burst until then, whatever record the instance holds;
---   "p"             the pool, a token bucket: "tokens last_us queue_us"
---                   (queue_us: the end of the last turn promised to a
---                   denied request, see exact.lua);
+--   "p"             the pool, a token bucket: "tokens last_us";
 --   "lost"          until when (us) Redis is known to have lost leases
 --                   that instances may still run (see lease.lua);
 --   "q"             the latest turn exact.lua handed out: "at_us
@@ -23,11 +24,18 @@
 --
 -- Redis runs this as Lua 5.1 and forbids globals: every name is local.
 
--- decode_lease reads an "i:<instance>" value, in either format, into
--- {granted, want, expiry, running, running_until}; nil if it is unreadable.
--- A record without a running grant says it runs 0 until 0.
+-- decode_lease reads an "i:<instance>" value, in any format, into
+-- {granted, want, expiry, running, running_until, young_want}; nil if it
+-- is unreadable. A record without a running grant says it runs 0 until 0;
+-- young_want is nil unless the record has one.
 local function decode_lease(v)
-  local g, w, e, rg, re = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  local g, w, e, rg, re, yw = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if g then
+    yw = tonumber(yw)
+    if not yw then return nil end
+  else
+    g, w, e, rg, re = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  end
   if not g then
     g, w, e = string.match(v, '^(%S+) (%S+) (%S+)$')
     rg, re = '0', '0'
@@ -36,12 +44,16 @@ local function decode_lease(v)
   if not g or not w or not e or not rg or not re then
     return nil
   end
-  return {granted = g, want = w, expiry = e, running = rg, running_until = re}
+  return {granted = g, want = w, expiry = e, running = rg, running_until = re, young_want = yw}
 end
 
--- encode_lease writes a lease for decode_lease: five fields if it has a
--- running_until, three if not.
+-- encode_lease writes a lease for decode_lease: six fields if it has a
+-- young_want, five if it has a running_until, three if neither.
 local function encode_lease(l)
+  if l.young_want ~= nil then
+    return string.format('%.17g %.17g %d %.17g %d %.17g',
+      l.granted, l.want, l.expiry, l.running or 0, l.running_until or 0, l.young_want)
+  end
   if l.running_until == nil then
     return string.format('%.17g %.17g %d', l.granted, l.want, l.expiry)
   end
@@ -70,6 +82,8 @@ end
 --   dead      the fields to delete: ended or unreadable records, fields of
 --             older versions ("born", "r:<instance>") and unknown ones;
 --   wants     the wants of the other instances whose grant lives;
+--   young     how much more than those wants the young ones among them
+--             want (see records with a young_want);
 --   others    what the other instances' leases may be running (see holds);
 --   exact     how many other instances have a live "x:" record;
 --   recorded  how many other instances have a live "i:" or "x:" record:
@@ -86,7 +100,7 @@ end
 --   queue_by  the instance that turn is for.
 local function read_hash(fields, inst, now)
   local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
-  local h = {dead = {}, wants = {}, others = 0, exact = 0, recorded = 0,
+  local h = {dead = {}, wants = {}, young = 0, others = 0, exact = 0, recorded = 0,
     last = 0, leases_end = 0, own = nil, own_x = nil, lost = nil, pool = nil,
     credits = 0, own_c = nil}
   local seen = {} -- other instances with a live record, by id
@@ -139,7 +153,12 @@ local function read_hash(fields, inst, now)
       elseif id == self then
         h.own = l
       else
-        if l.expiry > now then h.wants[#h.wants + 1] = l.want end
+        if l.expiry > now then
+          h.wants[#h.wants + 1] = l.want
+          if l.young_want ~= nil and l.young_want > l.want then
+            h.young = h.young + l.young_want - l.want
+          end
+        end
         h.others = h.others + holds(l, now)
         if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end
         h.last = math.max(h.last, lease_end(l))

@@ -45,10 +45,11 @@ const (
 	settledWithin = 0.01
 	settledFair   = 0.99
 	maxDoublings  = 16
-	// starvedFair: a contended grant below this part of its fair share
-	// means others still hold more than theirs until their next renewal;
-	// such a key, and a key's first contended grant, ask again after
-	// soonTicks ticks to pick up what they free.
+	// starvedFair: a contended grant below this part of its fair share, or
+	// below it by more than ackShrink of the rate (a large key's tenth is
+	// much rate), means others still hold more than theirs until their
+	// next renewal; such a key (see starved), and a key's first contended
+	// grant, ask again after soonTicks ticks to pick up what they free.
 	starvedFair = 0.9
 	soonTicks   = 2
 	// ackShrink of the rate is the least shrink of a grant that the
@@ -150,6 +151,8 @@ type lease struct {
 	demandNow     float64 // share placement: the demand last measured, at most a second ago
 	quietAt       int64   // the key's Attempted counter at the last tick
 	askedPeers    instant // when this instance last asked its peers to yield the key
+	quietPrev     int64   // ... and at the tick before it
+	wantsMoreAt   instant // when its requests started to want more than it runs; zero if the last did not
 	demand        demandWindow
 	// The fields below are smaller than 8 bytes, and kept together so that
 	// they fill one word instead of padding one each: a lease per key.
@@ -174,8 +177,14 @@ type lease struct {
 // share, or others hold more than their fair share (they renew with their
 // demand now when asked). A key at its fair share among peers that all
 // need theirs does not ask.
-func (le *lease) peersCouldYield() bool {
-	return le.unrecorded || le.granted < le.fair*starvedFair
+func (le *lease) peersCouldYield(rate float64) bool {
+	return le.unrecorded || starved(le.granted, le.fair, rate)
+}
+
+// starved reports whether a contended grant is short of its fair share
+// by enough that others hold more than theirs, see starvedFair.
+func starved(granted, fair, rate float64) bool {
+	return granted < fair*starvedFair || fair-granted > ackShrink*rate
 }
 
 // settled reports whether the key's contended share has stopped moving.
@@ -275,7 +284,24 @@ const (
 	// renewals: well within a yield record's half-life, so that yields
 	// stand while it needs them.
 	askEvery = time.Second
+	// A held contended key whose demand over the last two ticks is below
+	// fallBelow of what it last asked for, when that would have been at
+	// least fallTokens decisions, gives back what it no longer uses at
+	// once (engine.fell). fallTokens keeps sparse keys, whose arrivals are
+	// too few per tick to tell a fall (or a jump, engine.demandNow) from
+	// chance, on their schedule.
+	fallBelow  = 0.25
+	fallTokens = 8
 )
+
+// youngFor is how long a key's demand above what it runs must last before
+// its requests cut the others' grants for it (global.LeaseRequest.Young):
+// about what a reallocation between busy instances takes, from the cut of
+// the others, which lands at their renewals before the raise here, to the
+// return of the share once the demand has ended. A pulse shorter than that
+// would lose the cluster more than it gains it, so it takes only what is
+// free.
+func (e *engine) youngFor() time.Duration { return e.t.contendedTTL / renewDivisor }
 
 // timings are the lease loop's periods, see Config.
 type timings struct {
@@ -295,6 +321,19 @@ type engine struct {
 	keys map[string]*lease
 	size shrink.Tracker // of keys
 	asks []string       // keys to ask the peers to yield, gathered at a tick
+	// frees are the keys whose contended grant this instance gave up, in
+	// part, at a tick: the peers that want more renew at once (freed).
+	frees []string
+	// ticks are the instants of the last two ticks, the latest first: a
+	// held key's Attempted counters then (quietAt, quietPrev) tell its
+	// demand over the last two ticks.
+	ticks [2]instant
+	// tickAt is the instant of the tick under way, which becomes ticks[0]
+	// at the next one.
+	tickAt instant
+	// denied: the key step is at was denied a decision since the last
+	// tick (scratch of step, read by renewal).
+	denied bool
 	// degraded: Redis is taken to be unreachable; exact keys go back to
 	// their default share, for the outage policy. Set by the loop.
 	degraded bool
@@ -381,15 +420,22 @@ func (e *engine) leaseShare(g float64, unrecorded, n int) local.Share {
 // (a snapshot of the limit's keys), n being N-hat, and returns them with
 // the limit's gauges. The keys to ask the peers about are in e.asks.
 func (e *engine) collect(t time.Time, n int, stats []local.KeyStats, calls []call) ([]call, tickStats) {
-	e.startTick()
+	e.startTick(t)
 	var ts tickStats
 	calls = e.collectKeys(t, n, stats, calls, &ts)
 	return calls, ts
 }
 
 // startTick readies the engine for a tick's collectKeys.
-func (e *engine) startTick() {
+func (e *engine) startTick(t time.Time) {
+	if now := e.clock.instant(t); now != e.tickAt {
+		if !e.tickAt.IsZero() {
+			e.ticks[1], e.ticks[0] = e.ticks[0], e.tickAt
+		}
+		e.tickAt = now
+	}
 	e.asks = shrink.Slice(e.asks)
+	e.frees = shrink.Slice(e.frees)
 	if e.exactBursts && !e.degraded {
 		e.shares.SetNewMark(markExact)
 	} else {
@@ -434,6 +480,7 @@ func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls [
 func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
 	denied := st.Denied != le.deniedAt
 	le.deniedAt = st.Denied
+	e.denied = denied
 	if (le.state == stateDefault || le.state == stateYielded) && now.Sub(le.demand.lastAt()) >= time.Second {
 		// Once a second, a key without a lease measures its demand (what
 		// it would yield to if asked). If no decision came since the last
@@ -447,7 +494,8 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 			le.demand.record(now, st.Attempted)
 		}
 	}
-	le.quietAt = st.Attempted
+	quietPrev := le.quietPrev
+	le.quietPrev, le.quietAt = le.quietAt, st.Attempted
 	if e.degraded && le.state != stateDefault && le.state != stateHeld && le.state != stateAsking {
 		// Redis is down: a key that runs less than its default share (a
 		// lapsed grant, yielded, exact, on its way out of either) runs
@@ -500,7 +548,7 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 	}
 	// Asking, held or lapsed.
 	if !e.degraded && le.state == stateHeld && le.lastWant > def &&
-		((le.peersCouldYield() && le.granted < le.lastWant*askPeersAfterGap) || le.granted > def) &&
+		((le.peersCouldYield(e.rate) && le.granted < le.lastWant*askPeersAfterGap) || le.granted > def) &&
 		now.Sub(le.askedPeers) >= askEvery {
 		// Starved while it wants more than its share, or running on what
 		// its peers yielded: keep asking them (no Redis), so that their
@@ -510,6 +558,11 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		le.askedPeers = now
 		le.askGap = max(le.askGap, soonTicks)
 	}
+	if !e.degraded && le.state == stateHeld {
+		if want, ok := e.fell(now, st, le, quietPrev); ok {
+			return append(calls, e.giveBack(now, n, def, st, le, want, quietPrev))
+		}
+	}
 	if !e.due(now, st, le, def) {
 		return calls
 	}
@@ -517,7 +570,7 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		return e.idle(now, n, st, le, calls)
 	}
 	c := e.leaseCall(now, n, def, st, le)
-	if le.state == stateHeld && le.peersCouldYield() && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
+	if le.state == stateHeld && le.peersCouldYield(e.rate) && c.req.Want > def && le.granted < c.req.Want*askPeersAfterGap {
 		if now.Sub(le.askedPeers) >= soonTicks*e.t.tick {
 			e.asks = append(e.asks, st.Key)
 			le.askedPeers = now
@@ -527,6 +580,84 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		le.askGap = 0
 	}
 	return append(calls, c)
+}
+
+// fell reports whether a held key's contended demand fell far below what
+// it last asked for over the last two ticks (from e.ticks[1], when its
+// Attempted counter was prev), and returns its want at the demand since:
+// a pulse that ended, or traffic that moved to another instance. Two ticks,
+// not one, so that a stall of a tick or so is not taken for a fall.
+func (e *engine) fell(now instant, st *local.KeyStats, le *lease, prev int64) (float64, bool) {
+	from := e.ticks[1]
+	if !le.contended || from.IsZero() || e.clock.instant(st.Created).After(from) || now.Sub(le.sentAt) < e.t.tick ||
+		!e.onTime(now.Sub(e.ticks[0])) || !e.onTime(e.ticks[0].Sub(from)) {
+		return 0, false
+	}
+	elapsed := now.Sub(from).Seconds()
+	expected := le.lastWant / headroom * elapsed
+	got := float64(st.Attempted - prev)
+	if expected < fallTokens || got >= expected*fallBelow {
+		return 0, false
+	}
+	return max(got/elapsed*headroom, e.rate*minWantFraction), true
+}
+
+// demandNow is the key's demand at now: measured over its window, or, if
+// more, over the last tick when it was denied in it. The window reaches
+// back to demandTokens decisions and lags a jump by a renewal or two; a
+// denial says the last tick's demand is real, not a lull's rebound. Only
+// for keys that existed a tick ago (a new key's first burst says nothing
+// of its rate) and that the lag costs: a contended lease, whose want is
+// its share, and a yielded key; an uncontended lease takes a client's
+// burst over a tick for no rate. And only when the tick holds fallTokens
+// decisions or more: a sparse key's one request in a tick is no rate.
+func (e *engine) demandNow(now instant, st *local.KeyStats, le *lease, def float64) float64 {
+	d := le.demand.rate(now, st, def)
+	if got := st.Attempted - le.quietPrev; e.denied && got >= fallTokens &&
+		((le.state == stateHeld && le.contended) || le.state == stateYielded) && !e.ticks[0].IsZero() &&
+		!e.clock.instant(st.Created).After(e.ticks[0]) && e.onTime(now.Sub(e.ticks[0])) {
+		d = max(d, float64(got)/now.Sub(e.ticks[0]).Seconds())
+	}
+	return d
+}
+
+// onTime reports whether gap, between two ticks, was about a tick: a tick
+// that came late, or right after a late one, says the process was stalled,
+// and a stall holds back the decisions too, which is no fall of demand.
+func (e *engine) onTime(gap time.Duration) bool {
+	return gap >= e.t.tick-e.t.tick/4 && gap <= e.t.tick+e.t.tick/4
+}
+
+// giveBack records at once that a held key's demand fell to want, with a
+// renewal sent at now: Redis then stops counting the want it had (a
+// starved key's want cuts the others' fair shares). If want is below the
+// grant, the key lowers to want first, and tells the peers (freed) so
+// that those that want more ask for it at once rather than at their next
+// renewal: a contended grant that nobody uses is rate the cluster loses.
+// The demand window restarts at the tick before (from which want was
+// measured), so that the demand before the fall is not asked for again.
+func (e *engine) giveBack(now instant, n int, def float64, st *local.KeyStats, le *lease, want float64, prev int64) call {
+	if want < le.granted {
+		le.granted = want
+		e.shares.Assign(now, st.Key, e.share(want), le.until)
+		e.frees = append(e.frees, st.Key)
+	}
+	le.stable, le.askGap = 0, 0
+	le.demand.restart(e.ticks[1], prev)
+	return e.leaseCall(now, n, def, st, le)
+}
+
+// freed handles a peer's word that it gave up part of its grant of key at
+// now: a held key here that wants notably more than its grant renews at
+// once, to take it.
+func (e *engine) freed(t time.Time, key string) {
+	now := e.clock.instant(t)
+	le := e.keys[key]
+	if e.degraded || le == nil || le.state != stateHeld || le.granted >= le.lastWant*askPeersAfterGap ||
+		now.Sub(le.sentAt) < e.t.tick {
+		return
+	}
+	le.renewAt = minTime(le.renewAt, now)
 }
 
 // stepYielded renews a yielded key's record while its peers ask, lets it
@@ -658,6 +789,13 @@ func (e *engine) due(now instant, st *local.KeyStats, le *lease, def float64) bo
 		return false
 	case !now.Before(le.renewAt):
 		return true
+	case elapsed < soonTicks*e.t.tick:
+		return false
+	case le.contended && le.fair >= le.lastWant*settledFair &&
+		e.demandNow(now, st, le, def)*headroom > le.lastWant*settledGrow:
+		// It was granted its whole want, and its demand grew well past it:
+		// the want is what holds it back, so it asks again at once.
+		return true
 	case elapsed < earlyEvery*e.t.tick:
 		return false
 	case !le.contended:
@@ -666,9 +804,8 @@ func (e *engine) due(now instant, st *local.KeyStats, le *lease, def float64) bo
 		return demand > le.granted*earlyGrowth
 	case le.settled():
 		// A settled contended lease renews rarely; ask now if this
-		// instance's demand moved enough to change its share.
-		d := le.demand.rate(now, st, def) * headroom
-		return d < le.granted*settledShrink || (le.lastWant < le.fair && d > le.lastWant*settledGrow)
+		// instance's demand fell enough to free part of its share.
+		return le.demand.rate(now, st, def)*headroom < le.granted*settledShrink
 	}
 	return false
 }
@@ -698,7 +835,7 @@ func (e *engine) idle(now instant, n int, st *local.KeyStats, le *lease, calls [
 // renewal builds the lease request of a due key and records it as sent at
 // now.
 func (e *engine) renewal(now instant, n int, st *local.KeyStats, le *lease, def float64) global.LeaseRequest {
-	want := max(le.demand.rate(now, st, def)*headroom, e.rate*minWantFraction)
+	want := max(e.demandNow(now, st, le, def)*headroom, e.rate*minWantFraction)
 	if le.state == stateDefault || le.state == stateAsking {
 		// Its default share turned requests away: it wants more than
 		// that, whatever its few decisions so far measure.
@@ -723,6 +860,22 @@ func (e *engine) renewal(now instant, n int, st *local.KeyStats, le *lease, def 
 	// at that share again.
 	running, held := le.running(def)
 	req.Running, req.Held = running, held
+	// Demand above what the key runs that is younger than youngFor takes
+	// only what the others leave: cutting them for it would lose more
+	// than it brings if it ends soon. Not for a limit whose default share
+	// splits the burst below exactBurstBelow: its contended keys go to the
+	// exact placement, where what a young want holds back is the move.
+	switch {
+	case want <= running*headroom+e.rate*minWantFraction:
+		// Within what it runs, give or take the headroom and the least
+		// want: a key at a grant of 0 that asks for the least want does
+		// not want more.
+		le.wantsMoreAt = 0
+	case le.wantsMoreAt.IsZero():
+		le.wantsMoreAt = now
+	}
+	req.Young = !le.wantsMoreAt.IsZero() && now.Sub(le.wantsMoreAt) < e.youngFor() &&
+		e.share(def).Burst >= exactBurstBelow
 	switch le.state {
 	case stateHeld:
 		req.RunningFor = le.until.Sub(now)
@@ -803,7 +956,8 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 		// Redis counts this instance at what it ran when it asked, until
 		// that ends: now that the smaller grant is in force, say so, so
 		// that what it gave up goes to the others.
-		le.renewAt = at.Add(e.t.tick)
+		// At the next tick: the loop's ticks are about a tick after sent.
+		le.renewAt = sent.Add(e.t.tick / 2)
 	}
 	share := e.leaseShare(res.Granted, res.Unrecorded, c.req.Instances)
 	// The fair share's part of the burst says whether the split is too
@@ -835,7 +989,7 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 // renewIn is how long after its request a grant renews.
 func (e *engine) renewIn(ttl time.Duration, res *global.Lease, first, settled bool) time.Duration {
 	switch {
-	case res.Contended && (first || res.Granted < res.Fair*starvedFair):
+	case res.Contended && (first || starved(res.Granted, res.Fair, e.rate)):
 		// A first grant, or a starved one, waits for the others to say what
 		// they want or to free what they hold: ask again soon.
 		return soonTicks * e.t.tick
@@ -887,7 +1041,7 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 		// it holds and no longer uses goes to the asker; and if it goes
 		// idle, it yields rather than return to its default share.
 		le.askedAt = now
-		if now.Sub(le.sentAt) >= earlyEvery*e.t.tick {
+		if now.Sub(le.sentAt) >= soonTicks*e.t.tick {
 			le.renewAt = now
 		}
 		return

@@ -466,7 +466,8 @@ func TestEngineRenewalSchedule(t *testing.T) {
 
 // TestEngineSettledRenewsEarlyWhenDemandMoves: a settled contended lease
 // renews early, at most every earlyEvery ticks, when its demand falls far
-// below its grant or, having asked for less than its fair share, grows well
+// below its grant; and a contended lease granted all it asked for, settled
+// or not, renews soonTicks after its request when its demand grows well
 // past what it asked for.
 func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 	// At 40/s (wanting 44/s) this instance asks for more than its fair
@@ -492,26 +493,33 @@ func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 		}
 	})
 	t.Run("demand grows past a want below the fair share", func(t *testing.T) {
-		r := newRig(t, false)
-		for at := time.Duration(0); at <= 1050*ms; at += eTick {
-			r.loc.Allow(t0.Add(at), "k") // 20/s, wanting 22/s
-		}
-		in := r.eng.clock.instant
-		le := &lease{state: stateHeld, granted: 22, fair: 30, contended: true, stable: settleAfter,
-			lastWant: 22, sentAt: in(t0.Add(1050 * ms)), attemptedAt: 22, until: in(t0.Add(2130 * ms)), renewAt: in(t0.Add(1650 * ms))}
-		le.demand.open(in(t0))
-		le.demand.record(in(t0.Add(1050*ms)), 22)
-		r.eng.keys["k"] = le
-		for at := 1100 * ms; at <= 1250*ms; at += eTick {
-			for range 3 {
-				r.loc.Allow(t0.Add(at), "k") // 60/s
+		// Granted all it asked for, whether or not its share has settled:
+		// its want is what holds it back, so it asks again as soon as its
+		// demand, measured over demandTokens decisions, is past
+		// settledGrow times that want, soonTicks ticks after its request
+		// at the earliest.
+		for _, stable := range []int{0, settleAfter} {
+			r := newRig(t, false)
+			for at := time.Duration(0); at <= 1050*ms; at += eTick {
+				r.loc.Allow(t0.Add(at), "k") // 20/s, wanting 22/s
 			}
-			calls, _ := r.eng.collect(t0.Add(at), eN, r.loc.AppendStats(nil), nil)
-			switch {
-			case at < 1250*ms && len(calls) != 0:
-				t.Fatalf("at %v, less than earlyEvery ticks after its request: renewed %v", at, calls)
-			case at == 1250*ms && (len(calls) != 1 || calls[0].req.Want <= 22*settledGrow):
-				t.Fatalf("at %v demand had tripled past its want of 22/s: got %v, want an early renewal asking for more", at, calls)
+			in := r.eng.clock.instant
+			le := &lease{state: stateHeld, granted: 22, fair: 22, contended: true, stable: int32(stable),
+				lastWant: 22, sentAt: in(t0.Add(1050 * ms)), attemptedAt: 22, until: in(t0.Add(2130 * ms)), renewAt: in(t0.Add(1650 * ms))}
+			le.demand.open(in(t0))
+			le.demand.record(in(t0.Add(1050*ms)), 22)
+			r.eng.keys["k"] = le
+			for at := 1100 * ms; at <= 1200*ms; at += eTick {
+				for range 3 {
+					r.loc.Allow(t0.Add(at), "k") // 60/s
+				}
+				calls, _ := r.eng.collect(t0.Add(at), eN, r.loc.AppendStats(nil), nil)
+				switch {
+				case at < 1200*ms && len(calls) != 0:
+					t.Fatalf("stable %d, at %v, before its demand was measured past its want: renewed %v", stable, at, calls)
+				case at == 1200*ms && (len(calls) != 1 || calls[0].req.Want <= 22):
+					t.Fatalf("stable %d, at %v demand was measured past 1.25 times its want of 22/s: got %v, want an early renewal asking for more", stable, at, calls)
+				}
 			}
 		}
 	})
@@ -1230,4 +1238,243 @@ func TestEngineExactBurstsLeaveAfterDrop(t *testing.T) {
 		step{at: 1100 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL}}, state: stateLeaving, none: true, mark: markExact},
 		step{at: 1100 * ms, do: grant(40, 40, true), state: stateHeld, share: leased(40)},
 	)})
+}
+
+// heldAt puts "k" in the engine as a contended lease granted granted of
+// the want lastWant (its demand with headroom), asked for at t0 and
+// renewing at t0+renew, in force here until t0+2s.
+func heldAt(r *rig, granted, lastWant float64, renew time.Duration) *lease {
+	r.t.Helper()
+	r.loc.Allow(t0, "k")
+	if !r.loc.Assign(t0, "k", leased(granted), t0.Add(2*time.Second)) {
+		r.t.Fatal("cannot assign k")
+	}
+	in := r.eng.clock.instant
+	le := &lease{state: stateHeld, granted: granted, fair: granted, contended: true, lastWant: lastWant,
+		sentAt: in(t0), attemptedAt: 1, until: in(t0.Add(2 * time.Second)), renewAt: in(t0.Add(renew)), quietAt: 1, quietPrev: 1}
+	le.demand.open(in(t0))
+	r.eng.keys["k"] = le
+	return le
+}
+
+// TestEngineFallGivesBack: a held contended key whose demand over the last
+// two ticks falls below a quarter of what it last asked for (when that
+// would have been at least fallTokens decisions) lowers its share to its
+// demand since, with headroom, at once, renews with that want (saying it
+// runs that, held), restarts its demand window, and tells the peers
+// (frees). Two ticks that came late, as after a stall of the process,
+// tell nothing. A starved key whose demand falls renews the same way, but
+// has nothing to lower nor to give.
+func TestEngineFallGivesBack(t *testing.T) {
+	// At 80/s (4 a tick, wanting 88/s), granted 60/s; the decisions stop
+	// after the tick at 200 ms.
+	drive := func(r *rig, at []time.Duration, stop time.Duration) map[time.Duration][]call {
+		got := make(map[time.Duration][]call)
+		for _, a := range at {
+			if a <= stop {
+				for range 4 {
+					r.loc.Allow(t0.Add(a), "k")
+				}
+			}
+			calls, _ := r.eng.collect(t0.Add(a), eN, r.loc.AppendStats(nil), nil)
+			if len(calls) > 0 {
+				got[a] = calls
+			}
+		}
+		return got
+	}
+	every := func(from, to time.Duration) []time.Duration {
+		var at []time.Duration
+		for a := from; a <= to; a += eTick {
+			at = append(at, a)
+		}
+		return at
+	}
+	leastWant := eRate * minWantFraction
+	gaveBack := func(t *testing.T, r *rig, calls []call, at time.Duration, granted float64) {
+		t.Helper()
+		want := req{want: leastWant, ttl: eCTTL, running: granted, runningFor: 2*time.Second - at, held: true}
+		r.checkCalls(fmt.Sprintf("at %v", at), calls, []req{want})
+		le := r.eng.keys["k"]
+		st := r.loc.AppendStats(nil)[0]
+		if d := le.demand.rate(r.eng.clock.instant(t0.Add(at+eTick)), &st, eDef); le.granted != granted || d != 0 {
+			t.Fatalf("at %v: granted %v, demand measured next %v; want %v, and 0 from a window restarted at the tick before", at, le.granted, d, granted)
+		}
+	}
+	t.Run("fall", func(t *testing.T) {
+		r := newRig(t, false)
+		heldAt(r, 60, 88, time.Second)
+		got := drive(r, every(eTick, 300*ms), 200*ms)
+		// At 250 ms the window from the tick at 150 ms holds the
+		// decisions of 200 ms; at 300 ms it holds none.
+		if len(got) != 1 || got[300*ms] == nil {
+			t.Fatalf("requests %v; want one, at 300 ms", got)
+		}
+		gaveBack(t, r, got[300*ms], 300*ms, leastWant)
+		if !slices.Equal(r.eng.frees, []string{"k"}) {
+			t.Fatalf("frees %v; want [k]", r.eng.frees)
+		}
+		if s := r.loc.AppendStats(nil)[0].Share; s.Limit != rate.Limit(leastWant) {
+			t.Fatalf("the key runs %+v; want %v/s, lowered before the request", s, leastWant)
+		}
+	})
+	t.Run("late ticks", func(t *testing.T) {
+		// No tick at 250 ms: the tick at 300 ms comes 100 ms after the one
+		// before, and the next one right after it.
+		r := newRig(t, false)
+		heldAt(r, 60, 88, time.Second)
+		at := append(every(eTick, 200*ms), 300*ms, 310*ms, 360*ms, 410*ms)
+		got := drive(r, at, 200*ms)
+		if len(got) != 1 || got[410*ms] == nil {
+			t.Fatalf("requests %v; want one, at 410 ms, after two ticks on time", got)
+		}
+	})
+	t.Run("starved", func(t *testing.T) {
+		r := newRig(t, false)
+		heldAt(r, leastWant, 88, time.Second)
+		got := drive(r, every(eTick, 300*ms), 200*ms)
+		if len(got) != 1 || got[300*ms] == nil {
+			t.Fatalf("requests %v; want one, at 300 ms", got)
+		}
+		gaveBack(t, r, got[300*ms], 300*ms, leastWant)
+		if len(r.eng.frees) != 0 {
+			t.Fatalf("frees %v; want none: it gave nothing back", r.eng.frees)
+		}
+	})
+	t.Run("sparse", func(t *testing.T) {
+		// 20/s, wanting 22/s: two ticks hold 2 decisions, below
+		// fallTokens; it waits for its schedule.
+		r := newRig(t, false)
+		heldAt(r, 20, 22, time.Second)
+		if got := drive(r, every(eTick, 900*ms), 0); len(got) != 0 {
+			t.Fatalf("requests %v; want none before the schedule", got)
+		}
+	})
+}
+
+// TestEngineFreedRenews: told by a peer that it gave up part of a
+// contended grant of "k", a held key that wants notably more than its
+// grant renews at the next tick; one that has what it wants, or that asked
+// less than a tick ago, waits for its schedule.
+func TestEngineFreedRenews(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		granted, want float64
+		at            time.Duration
+		renews        bool
+	}{
+		{"wants more", 25, 88, 100 * ms, true},
+		{"has what it wants", 25, 25, 100 * ms, false},
+		{"asked just now", 25, 88, 20 * ms, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, false)
+			heldAt(r, tc.granted, tc.want, time.Second)
+			r.eng.freed(t0.Add(tc.at), "k")
+			calls, _ := r.eng.collect(t0.Add(tc.at+eTick), eN, r.loc.AppendStats(nil), nil)
+			if got := len(calls) == 1; got != tc.renews {
+				t.Fatalf("at %v: requests %v; want a renewal: %v", tc.at+eTick, calls, tc.renews)
+			}
+		})
+	}
+}
+
+// TestEngineYoungDemand: a key's requests say its demand is young
+// (LeaseRequest.Young) from the first that wants more than it runs (with
+// headroom, and more than the least want) until youngFor later; a request
+// within what it runs ends that, and the next one that wants more is young
+// again.
+func TestEngineYoungDemand(t *testing.T) {
+	r := newRig(t, false)
+	le := heldAt(r, 25, 27.5, time.Hour)
+	st := &local.KeyStats{Key: "k", Created: t0}
+	young := func(at time.Duration, attempted int64) bool {
+		st.Attempted, st.LastSeen = attempted, t0.Add(at)
+		return r.eng.renewal(r.eng.clock.instant(t0.Add(at)), eN, st, le, eDef).Young
+	}
+	// The first request at 100/s over 500 ms (55/s wanted is more than
+	// 25/s with headroom) opens the window: young until 800 ms.
+	steps := []struct {
+		at        time.Duration
+		attempted int64
+		young     bool
+	}{
+		{500 * ms, 50, true},
+		{700 * ms, 70, true},
+		{800 * ms, 80, false}, // youngFor after the first
+		{900 * ms, 90, false},
+		{1900 * ms, 92, false}, // 2/s: within what it runs
+		{2400 * ms, 142, true}, // 100/s again: young again
+	}
+	for _, s := range steps {
+		if got := young(s.at, s.attempted); got != s.young {
+			t.Fatalf("at %v: young %v; want %v (wantsMoreAt %v)", s.at, got, s.young, le.wantsMoreAt.Sub(r.eng.clock.instant(t0)))
+		}
+	}
+}
+
+// TestEngineStarvedByRate: a contended grant short of its fair share by
+// more than ackShrink of the rate is starved even above starvedFair of it:
+// it renews soonTicks after its request and asks its peers, as one below
+// starvedFair does.
+func TestEngineStarvedByRate(t *testing.T) {
+	r := newRig(t, false)
+	le := heldAt(r, 50, 88, time.Second)
+	c := call{req: global.LeaseRequest{Key: "k", Want: 88, Rate: eRate, Instances: eN, TTL: eCTTL, Running: 50, Held: true}, lease: le}
+	// 92% of its fair share, 6/s (6% of the rate) short of it.
+	r.eng.answered(t0, t0, &c, &global.Lease{Granted: 74, Fair: 80, Contended: true})
+	if want := r.eng.clock.instant(t0.Add(soonTicks * eTick)); !le.renewAt.Equal(want) || !le.peersCouldYield(eRate) {
+		t.Fatalf("renews at %v, peers could yield %v; want %v and true", le.renewAt.Sub(r.eng.clock.instant(t0)), le.peersCouldYield(eRate), want.Sub(r.eng.clock.instant(t0)))
+	}
+}
+
+// TestEngineAskedHeldRenews: asked by a peer to yield, a held key renews at
+// the next tick with its demand now, if its last request is soonTicks
+// ticks old or more; a younger one waits for its schedule.
+func TestEngineAskedHeldRenews(t *testing.T) {
+	for _, tc := range []struct {
+		at     time.Duration
+		renews bool
+	}{{soonTicks * eTick, true}, {eTick, false}} {
+		r := newRig(t, false)
+		heldAt(r, 25, 27.5, time.Second)
+		r.eng.yieldAsked(t0.Add(tc.at), "k", eN)
+		calls, _ := r.eng.collect(t0.Add(tc.at), eN, r.loc.AppendStats(nil), nil)
+		if got := len(calls) == 1; got != tc.renews {
+			t.Fatalf("asked %v after its request: requests %v; want a renewal: %v", tc.at, calls, tc.renews)
+		}
+	}
+}
+
+// TestEngineDeniedWantsLastTick: a held key denied since the last tick
+// asks for at least its demand over that tick, with headroom: its window,
+// which reaches back to demandTokens decisions, lags a jump.
+func TestEngineDeniedWantsLastTick(t *testing.T) {
+	// Granted all it asked for: its demand growing, it asks again.
+	r := newRig(t, false)
+	heldAt(r, 25, 25, time.Hour)
+	r.loc.Allow(t0.Add(eTick), "k")
+	if calls, _ := r.eng.collect(t0.Add(eTick), eN, r.loc.AppendStats(nil), nil); len(calls) != 0 {
+		t.Fatalf("at %v: requests %v; want none", eTick, calls)
+	}
+	for range 20 {
+		r.loc.Allow(t0.Add(2*eTick), "k") // 400/s over the tick: its burst of 5 runs out
+	}
+	calls, _ := r.eng.collect(t0.Add(2*eTick), eN, r.loc.AppendStats(nil), nil)
+	if len(calls) != 1 || math.Abs(calls[0].req.Want-400*headroom) > 1e-6 {
+		t.Fatalf("at %v: requests %v; want one for 440/s", 2*eTick, calls)
+	}
+}
+
+// TestEngineYoungDemandSplitsWell: a limit whose default share splits the
+// burst below exactBurstBelow never says its demand is young: its
+// contended keys go to the exact placement instead.
+func TestEngineYoungDemandSplitsWell(t *testing.T) {
+	r := newRig(t, false)
+	r.eng.setLimit(eRate, 8, false) // a default burst share of 2
+	le := heldAt(r, 25, 27.5, time.Hour)
+	st := &local.KeyStats{Key: "k", Created: t0, Attempted: 50, LastSeen: t0.Add(500 * ms)}
+	if r.eng.renewal(r.eng.clock.instant(t0.Add(500*ms)), eN, st, le, eDef).Young {
+		t.Fatal("young with a default burst share of 2")
+	}
 }

@@ -43,8 +43,9 @@ type batch struct {
 	refs    []ref
 	calls   []call // one limit's calls, before they join reqs
 	evicted []string
-	asks    []ask  // asks to yield received from the peers
+	asks    []ask  // asks to yield and freed keys received from the peers
 	out2    outbox // asks to yield for the peers
+	freed   outbox // keys whose grants this instance gave up in part, for the peers
 	quiet   int    // ticks in a row that used a small part of the buffers
 }
 
@@ -70,9 +71,10 @@ func (b *batch) reset() {
 		b.quiet = 0
 	}
 	if b.quiet >= shrinkAfter {
-		*b = batch{}
+		*b = batch{out2: outbox{version: askVersion}, freed: outbox{version: freedVersion}}
 		return
 	}
+	b.out2.version, b.freed.version = askVersion, freedVersion
 	clear(b.reqs)
 	b.reqs = b.reqs[:0]
 	clear(b.refs)
@@ -141,9 +143,6 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 			l.collect(now, n, ls, b)
 		}
 	}
-	if l.msgr != nil {
-		b.out2.flush(l.msgr)
-	}
 	suspect := l.exactFailed.Swap(false)
 	switch {
 	case len(b.reqs) > 0:
@@ -152,6 +151,12 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 		l.probe(set)
 	case suspect:
 		l.check()
+	}
+	// After the pipeline: a peer that acts on an ask or on a freed grant
+	// at once then finds this instance's records in Redis.
+	if l.msgr != nil {
+		b.out2.flush(l.msgr)
+		b.freed.flush(l.msgr)
 	}
 }
 
@@ -174,7 +179,11 @@ func (l *Limiter) yield(now time.Time, n int, set *limitSet, b *batch) {
 	for _, a := range b.asks {
 		if ls := set.byName[a.limit]; ls != nil && ls.eng != nil {
 			ls.eng.degraded = ls.degraded.Load()
-			ls.eng.yieldAsked(now, a.key, n)
+			if a.freed {
+				ls.eng.freed(now, a.key)
+			} else {
+				ls.eng.yieldAsked(now, a.key, n)
+			}
 		}
 	}
 	b.asks = shrink.Slice(b.asks)
@@ -257,7 +266,7 @@ func (l *Limiter) evict(now time.Time, n int, ls *limitEntry, b *batch) {
 // limit's gauges.
 func (l *Limiter) collect(now time.Time, n int, ls *limitEntry, b *batch) {
 	ls.eng.degraded = ls.degraded.Load()
-	ls.eng.startTick()
+	ls.eng.startTick(now)
 	var ts tickStats
 	// A shard at a time: the snapshot holds one shard's keys, not every
 	// key's, and its buffer stays small.
@@ -268,6 +277,9 @@ func (l *Limiter) collect(now time.Time, n int, ls *limitEntry, b *batch) {
 	}
 	if l.msgr != nil && len(ls.eng.asks) > 0 {
 		b.out2.add(l.msgr, ls.Name, ls.eng.asks)
+	}
+	if l.msgr != nil && len(ls.eng.frees) > 0 {
+		b.freed.add(l.msgr, ls.Name, ls.eng.frees)
 	}
 	ls.stats = shrink.Slice(ls.stats)
 	ls.m.leasesExpired.Add(float64(ts.expired))

@@ -15,15 +15,25 @@ import (
 // handles them at its next tick (engine.yieldAsked). Nothing here waits: a
 // lost ask only means the asker asks again at its next renewal.
 
-// askVersion is the first byte of an ask message.
-const askVersion = 1
+// The first byte of a message says what its (limit, key) pairs are:
+// askVersion, asks to yield; freedVersion, keys whose contended grant the
+// sender gave up in part (engine.freed). A receiver ignores a kind it does
+// not know.
+const (
+	askVersion   = 1
+	freedVersion = 2
+)
 
 // maxAskKey bounds the keys asked about: longer ones are not asked about,
 // and keep their default shares everywhere.
 const maxAskKey = 256
 
-// ask is one (limit, key) a peer asked this instance to yield.
-type ask struct{ limit, key string }
+// ask is one (limit, key) a peer asked this instance to yield or, if
+// freed, told it that it gave up in part.
+type ask struct {
+	limit, key string
+	freed      bool
+}
 
 // inbox holds the asks received since the loop last took them, at most
 // maxInbox of them: beyond that they are dropped, as a lost message would be.
@@ -37,9 +47,10 @@ const maxInbox = 1 << 16
 // receive decodes msg and keeps its asks. It runs on the messenger's
 // goroutine and never blocks for long.
 func (in *inbox) receive(_ string, msg []byte) {
-	if len(msg) < 1 || msg[0] != askVersion {
+	if len(msg) < 1 || (msg[0] != askVersion && msg[0] != freedVersion) {
 		return
 	}
+	freed := msg[0] == freedVersion
 	msg = msg[1:]
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -52,7 +63,7 @@ func (in *inbox) receive(_ string, msg []byte) {
 		if !ok {
 			return
 		}
-		in.asks = append(in.asks, ask{limit, key})
+		in.asks = append(in.asks, ask{limit, key, freed})
 		msg = rest
 	}
 }
@@ -75,10 +86,11 @@ func field(b []byte) (string, []byte, bool) {
 	return string(b[k : k+int(n)]), b[k+int(n):], true
 }
 
-// outbox batches one tick's asks into messages of at most
-// membership.MaxMessage bytes.
+// outbox batches one tick's asks, or one tick's freed keys, into messages
+// of at most membership.MaxMessage bytes, each starting with version.
 type outbox struct {
-	msg []byte
+	version byte
+	msg     []byte
 }
 
 // send broadcasts the asks about keys of limit, flushing full messages
@@ -93,7 +105,7 @@ func (o *outbox) add(m membership.Messenger, limit string, keys []string) {
 			o.flush(m)
 		}
 		if len(o.msg) == 0 {
-			o.msg = append(o.msg, askVersion)
+			o.msg = append(o.msg, o.version)
 		}
 		o.msg = binary.AppendUvarint(o.msg, uint64(len(limit)))
 		o.msg = append(o.msg, limit...)

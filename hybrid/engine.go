@@ -151,7 +151,6 @@ type lease struct {
 	demandNow     float64 // share placement: the demand last measured, at most a second ago
 	quietAt       int64   // the key's Attempted counter at the last tick
 	askedPeers    instant // when this instance last asked its peers to yield the key
-	quietPrev     int64   // ... and at the tick before it
 	wantsMoreAt   instant // when its requests started to want more than it runs; zero if the last did not
 	demand        demandWindow
 	// The fields below are smaller than 8 bytes, and kept together so that
@@ -159,6 +158,7 @@ type lease struct {
 	stable   int32  // contended renewals in a row that changed nothing
 	askGap   int32  // ticks after a grant that a key that asked its peers renews; 0: soonTicks
 	deniedAt uint32 // the key's Denied counter when last looked at
+	quietGap uint32 // quietAt less the key's Attempted counter at the tick before the last
 	state    keyState
 	// failed: the last request for this key failed on its own. Orthogonal
 	// to state: a held grant stays in force until it ends, then lapses to
@@ -171,6 +171,9 @@ type lease struct {
 	unrecorded bool // the last grant counted peers that hold no record at their default share: they could yield
 	recovering bool // went back to its default share while Redis was down: its record is released once it is back
 }
+
+// quietPrev is the key's Attempted counter at the tick before the last.
+func (le *lease) quietPrev() int64 { return le.quietAt - int64(le.quietGap) }
 
 // peersCouldYield reports whether asking the peers to yield could grow the
 // key's grant: Redis counted peers without a record at their default
@@ -494,8 +497,9 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 			le.demand.record(now, st.Attempted)
 		}
 	}
-	quietPrev := le.quietPrev
-	le.quietPrev, le.quietAt = le.quietAt, st.Attempted
+	quietPrev := le.quietPrev()
+	le.quietGap = uint32(min(st.Attempted-le.quietAt, math.MaxUint32))
+	le.quietAt = st.Attempted
 	if e.degraded && le.state != stateDefault && le.state != stateHeld && le.state != stateAsking {
 		// Redis is down: a key that runs less than its default share (a
 		// lapsed grant, yielded, exact, on its way out of either) runs
@@ -613,7 +617,7 @@ func (e *engine) fell(now instant, st *local.KeyStats, le *lease, prev int64) (f
 // decisions or more: a sparse key's one request in a tick is no rate.
 func (e *engine) demandNow(now instant, st *local.KeyStats, le *lease, def float64) float64 {
 	d := le.demand.rate(now, st, def)
-	if got := st.Attempted - le.quietPrev; e.denied && got >= fallTokens &&
+	if got := st.Attempted - le.quietPrev(); e.denied && got >= fallTokens &&
 		((le.state == stateHeld && le.contended) || le.state == stateYielded) && !e.ticks[0].IsZero() &&
 		!e.clock.instant(st.Created).After(e.ticks[0]) && e.onTime(now.Sub(e.ticks[0])) {
 		d = max(d, float64(got)/now.Sub(e.ticks[0]).Seconds())

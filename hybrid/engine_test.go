@@ -1251,7 +1251,7 @@ func heldAt(r *rig, granted, lastWant float64, renew time.Duration) *lease {
 	}
 	in := r.eng.clock.instant
 	le := &lease{state: stateHeld, granted: granted, fair: granted, contended: true, lastWant: lastWant,
-		sentAt: in(t0), attemptedAt: 1, until: in(t0.Add(2 * time.Second)), renewAt: in(t0.Add(renew)), quietAt: 1, quietPrev: 1}
+		sentAt: in(t0), attemptedAt: 1, until: in(t0.Add(2 * time.Second)), renewAt: in(t0.Add(renew)), quietAt: 1}
 	le.demand.open(in(t0))
 	r.eng.keys["k"] = le
 	return le

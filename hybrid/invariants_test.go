@@ -18,7 +18,6 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s per case; run without -short")
 	}
-	const warmup = time.Second
 	for _, tc := range []struct {
 		name      string
 		instances int
@@ -56,6 +55,16 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			instances := tc.instances
+			// The ratio is measured after a warm-up. At sixteen instances
+			// it is 3 s: a skewed key's fifteen light instances yield only
+			// once their demand has been measured for a second, and an ask
+			// that came before that is repeated a second later; on a busy
+			// machine the heavy instance got the rate 1-3 s in (see Known
+			// limits in the README).
+			warmup := time.Second
+			if instances > 4 {
+				warmup = 3 * time.Second
+			}
 			srv := redistest.Start(t)
 			lim := hybrid.Limit{Name: "api", Rate: tc.rate, Burst: tc.burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 			inst := cluster(t, srv, instances, nil, lim)

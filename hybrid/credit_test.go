@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // TestCreditBook: a key's credit at fixed instants. It is used a token at
@@ -63,5 +65,64 @@ func TestCreditBook(t *testing.T) {
 	}
 	if len(b.keys) != 201 {
 		t.Fatalf("%d credits kept; want the 201 live ones", len(b.keys))
+	}
+}
+
+// TestCreditSharesGive: when a key leaves the exact placement for a lease,
+// the tokens Redis drained from its pool and the credit it still holds
+// here move into its local bucket, up to the lease's burst; the credit is
+// gone from the book (it is not handed back to the pool as well), credit
+// that has ended moves nothing, and a key still marked takes no tokens.
+func TestCreditSharesGive(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	for _, tc := range []struct {
+		name          string
+		drained       int
+		credit        int
+		creditUntil   time.Duration // from t0
+		marked        bool
+		wantAdmitted  int
+		wantBookAfter int
+	}{
+		{"drained and credit", 3, 4, time.Second, false, 7, 0},
+		{"capped at the lease's burst", 8, 4, time.Second, false, 10, 0},
+		{"credit ended", 3, 4, 0, false, 3, 0},
+		{"nothing to give", 0, 0, 0, false, 0, 0},
+		{"still marked", 3, 4, time.Second, true, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			loc, err := local.New(local.Config{Limit: 0.001, Burst: 40, Instances: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			loc.Allow(t0, "k")
+			// A lease of a tenth of a token a second and a burst of 10,
+			// after SetMark(0) emptied the bucket, as the engine does.
+			loc.SetMark("k", markExact)
+			loc.SetMark("k", 0)
+			if !loc.Assign(t0, "k", local.Share{Limit: 0.001, Burst: 10}, t0.Add(time.Hour)) {
+				t.Fatal("cannot assign k")
+			}
+			if tc.marked {
+				loc.SetMark("k", markExact)
+			}
+			s := creditShares{Limiter: loc, book: &creditBook{}}
+			if tc.credit > 0 {
+				s.book.add("k", tc.credit, t0, t0.Add(tc.creditUntil))
+			}
+			s.Give(t0, "k", tc.drained)
+			admitted := 0
+			for range 20 {
+				if loc.Allow(t0, "k").Allowed {
+					admitted++
+				}
+			}
+			if admitted != tc.wantAdmitted {
+				t.Errorf("admitted %d after Give, want %d", admitted, tc.wantAdmitted)
+			}
+			if got := s.book.surrender("k", t0); got != tc.wantBookAfter {
+				t.Errorf("the book still holds %d tokens of credit, want %d", got, tc.wantBookAfter)
+			}
+		})
 	}
 }

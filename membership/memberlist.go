@@ -200,6 +200,7 @@ type Memberlist struct {
 	in           *inbox      // messages received, for Receive
 	closed       atomic.Bool // set when Close starts; Broadcast and Send refuse
 	leaving      atomic.Bool // set when a graceful Close starts; see NodeMeta
+	started      atomic.Bool // set once ml is, for delegates that run before
 
 	leavingMu sync.Mutex
 	heard     map[string]struct{} // guarded by leavingMu: members that said they are leaving
@@ -294,6 +295,7 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 		return nil, fmt.Errorf("%w %q: %w", ErrStart, conf.Name, err)
 	}
 	m.ml = ml
+	m.started.Store(true) // m.ml may be read by the delegates from now on
 	node := ml.LocalNode()
 	m.addr = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
 
@@ -559,8 +561,20 @@ func (d eventDelegate) NotifyLeave(n *memberlist.Node) {
 	d.m.membersChanged()
 }
 
-// heardLeaving records a notice that the node named name is leaving.
+// heardLeaving records a notice that the node named name is leaving. A
+// notice that arrives after this node already took the departure for a
+// failure (its packet overtaken by the goodbye or by failure detection)
+// reports the leave then: the leaver had stopped its work before sending
+// it, so counting it out late is as safe as on time.
 func (m *Memberlist) heardLeaving(name string) {
+	if name == m.name {
+		return
+	}
+	if m.started.Load() && !slices.Contains(m.Members(), name) {
+		m.nt.left(name)
+		m.membersChanged()
+		return
+	}
 	m.leavingMu.Lock()
 	defer m.leavingMu.Unlock()
 	if m.heard == nil {

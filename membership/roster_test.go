@@ -260,3 +260,26 @@ func TestParseLeaving(t *testing.T) {
 		t.Error("parseFrame accepted a leaving notice")
 	}
 }
+
+// TestMemberlistLateLeavingNotice: a leaving notice that arrives after its
+// sender's departure was already taken for a failure (the packet overtaken
+// by the goodbye, or by failure detection) still reports the leave, once;
+// one about a member still alive only waits for its departure.
+func TestMemberlistLateLeavingNotice(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	n1 := startNode(t, "n1", nil)
+	n2 := startNode(t, "n2", nil, n1.Addr())
+	waitCount(t, 15*time.Second, 2, n1, n2)
+	var r viewRecorder
+	stop := n1.WatchView(r.fn)
+	defer stop()
+
+	n1.heardLeaving("n2") // alive: recorded, not reported
+	n1.heardLeaving("gone")
+	eventually(t, 3*time.Second, "n1 reports the late notice's sender as left", func() bool {
+		return slices.Equal(r.left(), []string{"gone"})
+	})
+	if v, _ := r.last(); v.Count != 2 {
+		t.Errorf("last View %+v: want n2 still counted", v)
+	}
+}

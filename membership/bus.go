@@ -110,6 +110,9 @@ func (b *Bus) names(self string) []string {
 		names = append(names, name)
 	}
 	b.mu.RUnlock()
+	if !slices.Contains(names, self) {
+		names = append(names, self) // disconnected meanwhile
+	}
 	slices.Sort(names)
 	return names
 }
@@ -160,27 +163,11 @@ func (s *Static) Send(to string, msg []byte) error {
 	return nil
 }
 
-// Members implements Roster: the names of the Statics connected to s's
-// Bus, s included, sorted; without a Bus, s's name alone. The list follows
-// Connect, not Set: a Static's count may say more instances than the list
-// names, for a test that plays one of many.
-func (s *Static) Members() []string {
-	b := s.bus.Load()
-	if b == nil {
-		return []string{s.name}
-	}
-	b.mu.RLock()
-	names := make([]string, 0, len(b.members))
-	for name := range b.members {
-		names = append(names, name)
-	}
-	b.mu.RUnlock()
-	if !slices.Contains(names, s.name) {
-		names = append(names, s.name) // disconnected meanwhile
-	}
-	slices.Sort(names)
-	return names
-}
+// Members returns the names of the Statics connected to s's Bus, s
+// included, sorted; without a Bus, s's name alone (as View's Members). The
+// list follows Connect, not Set: a Static's count may say more instances
+// than the list names, for a test that plays one of many.
+func (s *Static) Members() []string { return s.bus.Load().names(s.name) }
 
 // Receive implements Messenger. The Static runs a goroutine to call fn
 // until every receiver is stopped.

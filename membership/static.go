@@ -63,7 +63,7 @@ func (s *Static) Watch(fn func(n int)) (stop func()) { return s.nt.watch(fn) }
 // connected to s's Bus, s included, or s's name alone without a Bus; its
 // Count is s's count, which its owner sets and need not match them.
 func (s *Static) View() View {
-	return View{Count: s.Count(), Members: s.bus.Load().names(s.name)}
+	return View{Count: s.Count(), Members: s.Members()}
 }
 
 // WatchView implements Roster. A View's Left names the Statics that left

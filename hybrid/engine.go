@@ -295,6 +295,16 @@ const (
 	// chance, on their schedule.
 	fallBelow  = 0.25
 	fallTokens = 8
+	// A key in the share placement younger than a second (its demand not
+	// yet measured) that a peer asks to yield does so once it is
+	// youngYieldAfter old, to its requests so far plus youngSlack over its
+	// age (youngDemand).
+	youngYieldAfter = 200 * time.Millisecond
+	youngSlack      = 2
+	// yieldLower: a yielded key whose measured demand (with headroom)
+	// falls below this part of what it kept lowers to it, and records that
+	// at once, so that the asker can take the difference.
+	yieldLower = 0.9
 )
 
 // youngFor is how long a key's demand above what it runs must last before
@@ -527,7 +537,21 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		// The share placement costs nothing while the key's demand fits
 		// its share: it asks only once that share turned requests away
 		// (and not while Redis is down: no grant could follow).
+		if !le.measured && !e.degraded && !le.askedAt.IsZero() && now.Sub(le.askedAt) < askEvery {
+			// A peer asked it to yield lately (yieldAsked).
+			if d, ok := youngDemand(now, st, e.clock.instant(st.Created)); ok && d < def*yieldBelow {
+				e.yieldTo(now, st.Key, le, d)
+				return e.stepYielded(now, n, def, st, le, false, calls)
+			}
+		}
 		if !denied || e.degraded {
+			return calls
+		}
+		if le.measured && le.demandNow*headroom < def && e.share(def).Burst < exactBurstBelow {
+			// Turned away though its demand fits its share: what it lacks
+			// is burst, not rate, and the burst splits too finely for a
+			// lease to help. The key's pool in Redis holds it whole.
+			e.toExact(now, st.Key, le, markExact)
 			return calls
 		}
 		e.asks = append(e.asks, st.Key)
@@ -669,6 +693,14 @@ func (e *engine) freed(t time.Time, key string) {
 // asks for a lease when its own demand outgrows what it kept.
 func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
 	life := e.t.uncontendedTTL * yieldLife
+	if d := le.demandNow * headroom; !denied && !le.wantsLease && le.measured && now.Sub(le.askedAt) < life/2 &&
+		d < le.granted*yieldLower && e.shares.Assign(now, st.Key, e.share(d), now.Add(2*life)) {
+		// It kept more than it needs (a young key yields on what its
+		// first requests showed): lower to what it measured, then say so,
+		// to Redis and to the peers (freed), which take the difference.
+		le.granted, le.renewAt = d, now
+		e.frees = append(e.frees, st.Key)
+	}
 	switch {
 	case (denied || (le.wantsLease && !now.Before(le.renewAt))) && now.Sub(le.sentAt) > 0:
 		// Raise only after a grant: it keeps what it kept until then, and
@@ -1028,17 +1060,20 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 		le = &lease{state: stateYielded, sentAt: now}
 		le.demand.open(now)
 		e.keys[key] = le
+	case le.state == stateDefault && !le.measured:
+		// Its demand has not been measured over a second yet: the tick
+		// (step, right after) yields if what it has seen so far shows it
+		// needs little of its share (youngDemand), and so does every tick
+		// while the ask stands; until then it keeps its share.
+		le.askedAt = now
+		return
 	case le.state == stateDefault:
-		// A key whose demand has not been measured over a second yet may
-		// need its share: it keeps it.
 		d := le.demandNow * headroom
-		if !le.measured || d >= def*yieldBelow {
+		if d >= def*yieldBelow {
 			return
 		}
-		if !e.shares.Assign(now, key, e.share(d), now.Add(2*life)) {
-			return
-		}
-		le.state, le.granted, le.until = stateYielded, d, 0
+		e.yieldTo(now, key, le, d)
+		return
 	case le.state == stateYielded:
 	case le.state == stateHeld || le.state == stateLapsed:
 		// A lease renews at once with the demand it has now, so that what
@@ -1056,6 +1091,31 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 	if le.until.IsZero() {
 		le.renewAt = now
 	}
+}
+
+// yieldTo lowers a key in the share placement to d, asked at now by a
+// peer, and has it record the yield at once: lower before telling.
+func (e *engine) yieldTo(now instant, key string, le *lease, d float64) {
+	if !e.shares.Assign(now, key, e.share(d), now.Add(2*e.t.uncontendedTTL*yieldLife)) {
+		return
+	}
+	le.state, le.granted, le.until = stateYielded, d, 0
+	le.askedAt, le.renewAt = now, now
+}
+
+// youngDemand is what a key in the share placement whose demand has not
+// been measured over a second yet is taken to need at now, with headroom,
+// or false while it is younger than youngYieldAfter: its requests so far
+// plus youngSlack more, over its age. A peer that asks it to yield then
+// need not wait for a second of measurement (a fresh key's heavy instance
+// would run its default share until then), while a key that has seen a
+// request or two keeps its share.
+func youngDemand(now instant, st *local.KeyStats, created instant) (float64, bool) {
+	age := now.Sub(created)
+	if age < youngYieldAfter {
+		return 0, false
+	}
+	return (float64(st.Attempted) + youngSlack) / age.Seconds() * headroom, true
 }
 
 // failed records that c, sent at sent, got no answer: the key tries again

@@ -956,11 +956,22 @@ func TestEngineYieldDefaultKey(t *testing.T) {
 			step{at: 1050 * ms, do: recordEnds(1050*ms + eLife), state: stateYielded, share: kept},
 		)})
 	})
-	t.Run("not measured", func(t *testing.T) {
-		run(t, table{steps: append(lowDemand()[:13], // up to the tick at 500 ms
-			step{at: 500 * ms, do: peerAsks()},
-			step{at: 550 * ms, do: tick()},
+	t.Run("young", func(t *testing.T) {
+		// Asked at 100 ms, before it is youngYieldAfter old; at each tick
+		// after, (requests + youngSlack) / age with headroom: 22/s at
+		// 200 ms, 13.75/s at 400 ms, 12.2/s at 450 ms, below half its
+		// share. It yields then, and records the yield at once.
+		young := youngAt450()
+		steps := append(lowDemand()[:4], step{at: 100 * ms, do: peerAsks()})
+		steps = append(steps, lowDemand()[4:12]...) // the ticks from 150 to 400 ms
+		run(t, table{steps: append(steps,
+			step{at: 450 * ms, do: tick(), calls: []req{yielding(young)}, state: stateYielded, share: leased(young)},
 		)})
+	})
+	t.Run("young and busy", func(t *testing.T) {
+		// 20/s: asked at 300 ms, it never shows less than half its share.
+		run(t, table{perTick: 1, steps: append(ticks(0, 250*ms, step{}),
+			append([]step{{at: 300 * ms, do: peerAsks()}}, ticks(300*ms, 1500*ms, step{})...)...)})
 	})
 	t.Run("needs its share", func(t *testing.T) {
 		// 20/s: 22/s with headroom.
@@ -970,6 +981,76 @@ func TestEngineYieldDefaultKey(t *testing.T) {
 			step{at: 2050 * ms, do: tick()},
 		)})
 	})
+}
+
+// youngAt450 is youngDemand of the low-demand key (lowDemand) at its tick
+// at 450 ms: three requests, plus youngSlack, over 450 ms, with headroom;
+// worked out as the engine does, in float64 arithmetic.
+func youngAt450() float64 {
+	requests := 3.0
+	return (requests + youngSlack) / (450 * ms).Seconds() * headroom
+}
+
+// TestEngineYieldedKeyLowers: a key that yielded young keeps what its
+// first requests showed; once its demand is measured over a second and
+// falls below yieldLower of that, it lowers to it with headroom, records
+// the lower yield at once, and tells the peers (freed), which may take the
+// difference.
+func TestEngineYieldedKeyLowers(t *testing.T) {
+	young := youngAt450()
+	y := func(at time.Duration, do op, share float64, calls ...req) step {
+		return step{at: at, do: do, calls: calls, state: stateYielded, share: leased(share)}
+	}
+	steps := append(lowDemand()[:4], step{at: 100 * ms, do: peerAsks()})
+	steps = append(steps, lowDemand()[4:12]...)
+	steps = append(steps,
+		y(450*ms, tick(), young, yielding(young)),
+		y(450*ms, recorded(), young),
+		y(450*ms, recordEnds(450*ms+eLife), young),
+	)
+	for _, s := range lowDemand()[13:] { // from 500 ms to 1 s
+		if s.at < time.Second || s.do.name != "tick" {
+			steps = append(steps, y(s.at, s.do, young))
+		}
+	}
+	// Six decisions, five gaps over a second: 5.5/s with headroom.
+	var frees [][]string
+	run(t, table{steps: append(steps, y(time.Second, tick(), 5.5, yielding(5.5))), after: func(r *rig, i int) {
+		frees = append(frees, slices.Clone(r.eng.frees))
+	}})
+	if got := frees[len(frees)-1]; !slices.Equal(got, []string{"k"}) {
+		t.Errorf("after lowering the engine tells its peers about %q; want [k]", got)
+	}
+	for i, f := range frees[:len(frees)-1] {
+		if len(f) != 0 {
+			t.Errorf("after step %d the engine tells its peers about %q; want nothing", i, f)
+		}
+	}
+}
+
+// TestEngineDeniedWithinShare: a key in the share placement turned away
+// though its measured demand (with headroom) fits its default share lacks
+// burst, not rate. Where the default share's part of the burst is below
+// exactBurstBelow (8 instances: 2 tokens of 20), a lease would split the
+// burst as finely, and it moves to the exact placement at once, asking
+// Redis nothing; where the part splits well (4 instances: 5 tokens), it
+// asks for a lease as any denied key does.
+func TestEngineDeniedWithinShare(t *testing.T) {
+	for _, tc := range []struct {
+		n     int
+		exact bool
+	}{{8, true}, {4, false}} {
+		t.Run(fmt.Sprintf("instances=%d", tc.n), func(t *testing.T) {
+			steps := []step{{at: 0, do: instances(tc.n)}}
+			steps = append(steps, lowDemand()...) // measured at 1 s: 5.5/s with headroom
+			steps = append(steps, step{at: 1050 * ms, do: decide(6)})
+			last := step{at: 1100 * ms, do: tick(), state: stateExact, none: true, mark: markExact}
+			if !tc.exact {
+				last = step{at: 1100 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking}
+			}
+			run(t, table{steps: append(steps, last)})
+		})
+	}
 }
 
 // TestEngineYieldedKeyAsks: a yielded key whose share denies a request asks

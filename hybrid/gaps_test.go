@@ -108,8 +108,14 @@ func traffic(t *testing.T, inst []*hybrid.Limiter, limit string, total time.Dura
 			ctx := context.Background()
 			limit := cmp.Or(f.limit, limit)
 			if f.gate != nil {
-				<-f.gate
-				f.from = time.Since(start)
+				// A gate that never opens (the scenario did not happen)
+				// ends the flow with the run, unsent.
+				select {
+				case <-f.gate:
+					f.from = time.Since(start)
+				case <-time.After(time.Until(start.Add(min(f.to, total)))):
+					return
+				}
 			}
 			for next := f.from; next < f.to && next < total; next += interval {
 				if f.every > 0 {

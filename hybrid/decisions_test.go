@@ -210,3 +210,29 @@ func TestDecisionsCountedExactly(t *testing.T) {
 		}
 	}
 }
+
+// TestDecisionsInProcessDoNotAllocate: with metrics registered, a decision
+// made in process (a Local limit, a Hybrid key in the share placement) on
+// an existing key allocates nothing, counting included.
+func TestDecisionsInProcessDoNotAllocate(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newLimiter(t, hybrid.Config{
+		Redis: fastClient(t, srv), Registerer: prometheus.NewPedanticRegistry(),
+		Members: membership.NewStatic("instance-0", 1),
+		Limits: []hybrid.Limit{
+			{Name: "l", Rate: 1e9, Burst: 1e6, Mode: hybrid.Local, OnOutage: hybrid.FailOpen},
+			{Name: "h", Rate: 1e9, Burst: 1e6, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen},
+		},
+	})
+	ctx := context.Background()
+	for _, limit := range []string{"l", "h"} {
+		if _, err := l.Allow(ctx, limit, "key"); err != nil { // create the key
+			t.Fatal(err)
+		}
+		var d hybrid.Decision
+		allocs := testing.AllocsPerRun(10_000, func() { d, _ = l.Allow(ctx, limit, "key") })
+		if allocs != 0 || !d.Allowed || d.Source != hybrid.SourceLocal {
+			t.Errorf("limit %s: %v allocations per decision, last %+v; want 0, allowed locally", limit, allocs, d)
+		}
+	}
+}

@@ -373,37 +373,32 @@ func BenchmarkAllow(b *testing.B) {
 		ml := newMapLimiter(thousand)
 		benchParallel(b, thousand, func(key string) (bool, error) { return ml.allow(key), nil })
 	})
-	b.Run("mode=hybrid/parallel", func(b *testing.B) {
-		b.ReportAllocs()
-		l := benchLimiter(b, srv, hybrid.Hybrid)
-		benchWarm(b, l, thousand)
-		ctx := context.Background()
-		benchParallel(b, thousand, func(key string) (bool, error) {
-			d, err := l.Allow(ctx, benchLimit, key)
-			return d.Allowed, err
-		})
-		b.StopTimer()
-		benchCheck(b, l)
-	})
-	for _, metrics := range []bool{false, true} {
-		name := "mode=hybrid/share/parallel"
-		if metrics {
-			name += "/metrics"
-		}
-		b.Run(name, func(b *testing.B) {
-			b.ReportAllocs()
-			var reg prometheus.Registerer
+	// Each placement in parallel without and with metrics registered: a
+	// service that exports them counts every decision.
+	for _, placement := range []string{"", "/share"} {
+		for _, metrics := range []bool{false, true} {
+			name := "mode=hybrid" + placement + "/parallel"
 			if metrics {
-				reg = prometheus.NewRegistry()
+				name += "/metrics"
 			}
-			l := benchLimiterWith(b, srv, hybrid.Hybrid, reg)
-			ctx := context.Background()
-			benchParallel(b, thousand, func(key string) (bool, error) {
-				d, err := l.Allow(ctx, benchLimit, key)
-				return d.Allowed, err
+			b.Run(name, func(b *testing.B) {
+				b.ReportAllocs()
+				var reg prometheus.Registerer
+				if metrics {
+					reg = prometheus.NewRegistry()
+				}
+				l := benchLimiterWith(b, srv, hybrid.Hybrid, reg)
+				if placement == "" {
+					benchWarm(b, l, thousand) // the lease placement
+				}
+				ctx := context.Background()
+				benchParallel(b, thousand, func(key string) (bool, error) {
+					d, err := l.Allow(ctx, benchLimit, key)
+					return d.Allowed, err
+				})
+				b.StopTimer()
+				benchCheck(b, l)
 			})
-			b.StopTimer()
-			benchCheck(b, l)
-		})
+		}
 	}
 }

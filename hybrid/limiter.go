@@ -99,10 +99,10 @@ type limitEntry struct {
 
 // limitState is what a limit keeps while SetLimits changes its Limit.
 type limitState struct {
-	loc      *local.Limiter // Local and Hybrid decisions; FailLocal for Global
+	loc      *local.Limiter // Local and Hybrid decisions; FailLocal for Global; counts the decisions it makes (see decide)
 	degraded atomic.Bool    // Redis unreachable: cold keys and Global decisions follow OnOutage; written under shareMu
 	m        *limitMetrics
-	count    bool          // count decisions: metrics are registered somewhere
+	count    bool          // count the decisions loc does not: metrics are registered somewhere
 	commands atomic.Uint64 // Redis commands sent for this limit
 	failing  atomic.Int64  // keys whose last lease request failed
 	// unlogged holds the cause of a degrade made by a decision, whose log
@@ -213,15 +213,15 @@ func New(cfg Config) (*Limiter, error) {
 // newEntry returns a new limit for lim at now: degraded from the start if
 // it uses Redis and Redis is down.
 func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
-	e := &limitEntry{Limit: lim, limitState: &limitState{m: l.m.forLimit(lim.Name), count: l.cfg.Registerer != nil}}
-	if lim.Mode != Local && l.down.Load() != nil {
-		e.degraded.Store(true)
-		e.m.degraded.Set(1)
-	}
 	n, rank := l.place(now)
 	loc, err := local.New(local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: n})
 	if err != nil {
 		return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
+	}
+	e := &limitEntry{Limit: lim, limitState: &limitState{loc: loc, m: l.m.forLimit(lim.Name, loc), count: l.cfg.Registerer != nil}}
+	if lim.Mode != Local && l.down.Load() != nil {
+		e.degraded.Store(true)
+		e.m.degraded.Set(1)
 	}
 	loc.SetPlace(now, placeOf(e, n, rank))
 	if lim.Mode == Hybrid && lim.ExactBursts && !e.degraded.Load() {
@@ -229,7 +229,6 @@ func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
 		// Redis does not count.
 		loc.SetNewMark(markExact)
 	}
-	e.loc = loc
 	return e, nil
 }
 
@@ -357,16 +356,26 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 		if err != nil {
 			return err
 		}
-		*d = ls.finish(g)
+		*d = g
 		return nil
+	}
+	// loc counts the decisions it makes as they are reported here (see
+	// decisionsCollector): at an assigned share as lease, else as local,
+	// but for a Local limit all as local, and for a Hybrid limit on its
+	// FailOpen or FailClosed policy only those on a lease.
+	tally, degraded := local.TallyDefault, false
+	if ls.Mode == Hybrid {
+		tally, degraded = local.TallyShare, ls.degraded.Load()
+		if degraded && ls.OnOutage != FailLocal {
+			tally = local.TallyAssigned
+		}
 	}
 	now := time.Now()
 	var r local.Result
-	ls.loc.AllowNInto(now, key, n, &r)
+	ls.loc.AllowNTallyInto(now, key, n, tally, &r)
 	allowed, remaining, wait := r.Allowed, r.Remaining, r.RetryAfter
 	src := SourceLocal
 	if ls.Mode == Hybrid {
-		degraded := ls.degraded.Load()
 		switch {
 		case r.Mark != 0:
 			m, err := l.marked(ctx, ls, key, n, now, r.Mark, r.Hold, degraded)
@@ -395,9 +404,6 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 			wait = l.cfg.ContendedTTL / renewDivisor
 		}
 	}
-	if ls.count {
-		ls.m.decisions[src][b2i(allowed)].Inc()
-	}
 	shadow := !allowed && ls.Shadow
 	if shadow {
 		allowed, wait = true, 0 // as shadowed makes it
@@ -418,7 +424,7 @@ func (l *Limiter) exceedsBurst(ls *limitEntry, n int) (Decision, error) {
 		d.Source = SourceLease
 	}
 	if ls.count {
-		ls.m.decisions[d.Source][0].Inc()
+		ls.m.decisions.count(d.Source, false)
 	}
 	if ls.Shadow {
 		return shadowed(d), nil
@@ -447,12 +453,18 @@ func (l *Limiter) marked(ctx context.Context, ls *limitEntry, key string, n int,
 	}
 }
 
-// finish counts decision d under ls and returns it as the caller gets it:
-// a denial of a limit in shadow mode comes back shadowed.
+// finish counts decision d under ls, which ls.loc did not decide, and
+// returns it as the caller gets it (see shade).
 func (ls *limitEntry) finish(d Decision) Decision {
 	if ls.count {
-		ls.m.decisions[d.Source][b2i(d.Allowed)].Inc()
+		ls.m.decisions.count(d.Source, d.Allowed)
 	}
+	return ls.shade(d)
+}
+
+// shade returns decision d under ls as the caller gets it: a denial of a
+// limit in shadow mode comes back shadowed.
+func (ls *limitEntry) shade(d Decision) Decision {
 	if ls.Shadow && !d.Allowed {
 		return shadowed(d)
 	}
@@ -560,7 +572,7 @@ func (l *Limiter) policy(ls *limitEntry) Decision {
 }
 
 // global decides one request of a Global limit with the Redis token bucket,
-// or with the outage policy while Redis is unreachable.
+// or with the outage policy while Redis is unreachable, and counts it.
 func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int) (Decision, error) {
 	if !ls.degraded.Load() {
 		cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
@@ -568,7 +580,7 @@ func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int)
 		cancel()
 		ls.sent(1)
 		if err == nil {
-			return Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}, nil
+			return ls.finish(Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}), nil
 		}
 		if ctx.Err() != nil {
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
@@ -584,9 +596,13 @@ func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int)
 		// policy.
 	}
 	if ls.OnOutage == FailLocal {
-		return fromLocal(ls.loc.AllowN(time.Now(), key, n), SourceLocal), nil
+		// Counted by loc, as local (a key may hold a lease of the time the
+		// limit was Hybrid).
+		var r local.Result
+		ls.loc.AllowNTallyInto(time.Now(), key, n, local.TallyDefault, &r)
+		return ls.shade(fromLocal(r, SourceLocal)), nil
 	}
-	return l.policy(ls), nil
+	return ls.finish(l.policy(ls)), nil
 }
 
 // Wait blocks until n tokens of key under limit are admitted, or ctx ends.

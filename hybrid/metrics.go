@@ -1,13 +1,18 @@
 package hybrid
 
 import (
+	"sync"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // metrics holds the collectors of one Limiter. Labels are limit, outcome
 // and source only: never a key, whose cardinality is unbounded.
 type metrics struct {
-	decisions      *prometheus.CounterVec
+	decisions      *decisionsCollector
 	redisCommands  *prometheus.CounterVec
 	redisErrors    *prometheus.CounterVec
 	leasesGranted  *prometheus.CounterVec
@@ -22,10 +27,12 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hybridlimit_decisions_total",
-			Help: "Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.",
-		}, []string{"limit", "outcome", "source"}),
+		decisions: &decisionsCollector{
+			desc: prometheus.NewDesc("hybridlimit_decisions_total",
+				"Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.",
+				[]string{"limit", "outcome", "source"}, nil),
+			limits: make(map[string]*decisionCounts),
+		},
 		redisCommands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hybridlimit_redis_commands_total",
 			Help: "Redis commands sent, by limit.",
@@ -83,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // limitMetrics are the children of one limit, resolved once so that the hot
 // path only increments.
 type limitMetrics struct {
-	decisions      [numSources][2]prometheus.Counter // [source][allowed]
+	decisions      *decisionCounts
 	redisCommands  prometheus.Counter
 	redisErrors    prometheus.Counter
 	leasesGranted  prometheus.Counter
@@ -94,8 +101,11 @@ type limitMetrics struct {
 	degraded       prometheus.Gauge
 }
 
-func (m *metrics) forLimit(name string) *limitMetrics {
+// forLimit returns the children of the named limit, whose decisions in
+// process loc counts.
+func (m *metrics) forLimit(name string, loc *local.Limiter) *limitMetrics {
 	lm := &limitMetrics{
+		decisions:      m.decisions.add(name, loc),
 		redisCommands:  m.redisCommands.WithLabelValues(name),
 		redisErrors:    m.redisErrors.WithLabelValues(name),
 		leasesGranted:  m.leasesGranted.WithLabelValues(name),
@@ -105,10 +115,6 @@ func (m *metrics) forLimit(name string) *limitMetrics {
 		contendedKeys:  m.contendedKeys.WithLabelValues(name),
 		degraded:       m.degraded.WithLabelValues(name),
 	}
-	for s := SourceLease; int(s) < numSources; s++ {
-		lm.decisions[s][0] = m.decisions.WithLabelValues(name, "denied", s.String())
-		lm.decisions[s][1] = m.decisions.WithLabelValues(name, "allowed", s.String())
-	}
 	return lm
 }
 
@@ -116,11 +122,83 @@ func (m *metrics) forLimit(name string) *limitMetrics {
 // limit was removed, and its gauges must not linger at their last values.
 func (m *metrics) forget(name string) {
 	labels := prometheus.Labels{"limit": name}
-	m.decisions.DeletePartialMatch(labels)
+	m.decisions.remove(name)
 	for _, v := range []*prometheus.CounterVec{m.redisCommands, m.redisErrors, m.leasesGranted, m.leasesReleased, m.leasesExpired} {
 		v.DeletePartialMatch(labels)
 	}
 	for _, v := range []*prometheus.GaugeVec{m.leasedRate, m.contendedKeys, m.degraded} {
 		v.DeletePartialMatch(labels)
+	}
+}
+
+// decisionsCollector is hybridlimit_decisions_total. The decisions made in
+// process (Local limits, Hybrid keys in the share and lease placements,
+// FailLocal) are counted by each limit's local.Limiter, in the shard each
+// decision locks anyway (see local.Tally), and summed here when the
+// metrics are gathered: one counter that every decision increments would
+// be a cache line that every core writes, which costs a parallel decision
+// more than the rest of the counting. The other decisions (exact, Global,
+// the outage policies, n above the burst) wait on Redis or are rare, and
+// are counted in decisionCounts.out.
+type decisionsCollector struct {
+	desc *prometheus.Desc
+
+	mu     sync.Mutex
+	limits map[string]*decisionCounts // guarded by mu: by name, the limits in force
+}
+
+// decisionCounts are the decisions of one limit.
+type decisionCounts struct {
+	name string
+	// loc counts the decisions made in process: Counts.Assigned are those
+	// on a lease (source lease), Counts.Default the others (source local).
+	loc *local.Limiter
+	// out counts the decisions loc does not, by [source][allowed].
+	out [numSources][2]atomic.Uint64
+}
+
+// count counts one decision of source src that loc did not count.
+func (c *decisionCounts) count(src Source, allowed bool) { c.out[src][b2i(allowed)].Add(1) }
+
+// add starts the counts of the named limit, whose in-process decisions loc
+// counts, replacing any of that name.
+func (dc *decisionsCollector) add(name string, loc *local.Limiter) *decisionCounts {
+	c := &decisionCounts{name: name, loc: loc}
+	dc.mu.Lock()
+	dc.limits[name] = c
+	dc.mu.Unlock()
+	return c
+}
+
+// remove drops the counts of the named limit: it was removed.
+func (dc *decisionsCollector) remove(name string) {
+	dc.mu.Lock()
+	delete(dc.limits, name)
+	dc.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (dc *decisionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- dc.desc }
+
+// Collect implements prometheus.Collector: every (outcome, source) pair of
+// every limit, zeros included.
+func (dc *decisionsCollector) Collect(ch chan<- prometheus.Metric) {
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	for _, c := range dc.limits {
+		var v [numSources][2]uint64
+		for s := range v {
+			v[s][0], v[s][1] = c.out[s][0].Load(), c.out[s][1].Load()
+		}
+		in := c.loc.Counts()
+		v[SourceLocal][0] += in.DefaultDenied
+		v[SourceLocal][1] += in.DefaultAllowed
+		v[SourceLease][0] += in.AssignedDenied
+		v[SourceLease][1] += in.AssignedAllowed
+		for s := SourceLease; int(s) < numSources; s++ {
+			for allowed, outcome := range [2]string{"denied", "allowed"} {
+				ch <- prometheus.MustNewConstMetric(dc.desc, prometheus.CounterValue, float64(v[s][allowed]), c.name, outcome, s.String())
+			}
+		}
 	}
 }

@@ -83,6 +83,28 @@ func ExampleLimiter_AllowNInto() {
 	// request 3: allowed=false remaining=0 retry=100ms
 }
 
+func ExampleLimiter_Counts() {
+	// 10 tokens/s with bursts of 2 on a single instance.
+	l, err := local.New(local.Config{Limit: 10, Burst: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var r local.Result
+	for range 3 {
+		l.AllowNInto(t0, "user-42", 1, &r) // counted under the share it ran at
+	}
+	// user-7 runs an assigned share of 5 tokens/s, burst 1, for a second.
+	l.AssignNew(t0, "user-7", local.Share{Limit: 5, Burst: 1}, t0.Add(time.Second))
+	for range 2 {
+		l.AllowNTallyInto(t0, "user-7", 1, local.TallyAssigned, &r)
+	}
+	// TallyAssigned leaves a decision at the default share to the caller.
+	l.AllowNTallyInto(t0, "user-99", 1, local.TallyAssigned, &r)
+	fmt.Printf("%+v\n", l.Counts())
+	// Output:
+	// {DefaultAllowed:2 DefaultDenied:1 AssignedAllowed:1 AssignedDenied:1}
+}
+
 func ExampleSplit() {
 	// 100 tokens/s with bursts of 10 over 3 instances: the first rank gets
 	// the token of the remainder, so that the bursts sum to 10.

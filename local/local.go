@@ -129,6 +129,34 @@ type Result struct {
 	Hold time.Duration
 }
 
+// Tally says which decisions of AllowNTallyInto a Limiter counts in its
+// Counts, and under which share.
+type Tally uint8
+
+const (
+	// TallyShare counts every decision under the share the key ran it at:
+	// Counts.Assigned at an assigned share, Counts.Default otherwise
+	// (lapsed shares included). AllowN and AllowNInto count so.
+	TallyShare Tally = iota
+	// TallyDefault counts every decision under Counts.Default, whatever
+	// the share: for a caller that reports all of them alike (package
+	// hybrid's Local limits, whose keys may keep an assigned share for a
+	// moment after the limit stopped being Hybrid).
+	TallyDefault
+	// TallyAssigned counts only the decisions at an assigned share: the
+	// caller decides the others otherwise and counts them itself (package
+	// hybrid's outage policies).
+	TallyAssigned
+)
+
+// Counts are the decisions a Limiter has counted since New, by the share
+// they ran at (see Tally) and their outcome. They only grow. Decisions on
+// marked keys, which the caller makes, and on n below 1 are not counted.
+type Counts struct {
+	DefaultAllowed, DefaultDenied   uint64 // at the default share, or a lapsed one
+	AssignedAllowed, AssignedDenied uint64 // at an assigned share
+}
+
 // KeyStats is a snapshot of one key, as returned by AppendStats.
 type KeyStats struct {
 	Key string
@@ -189,13 +217,21 @@ type params struct {
 // on a map and a lock per entry would cost two.
 type shard struct {
 	mu sync.Mutex
+	// counts are the decisions counted in the shard (see Tally), by
+	// [assigned][allowed]. The decision holds mu anyway, and the line it
+	// sits on is the mutex's: counting here costs a plain increment, where
+	// one counter for the whole Limiter would be a line every core writes.
+	counts [2][2]uint64 // guarded by mu
 	// base is the instant the times of the shard's entries count from. The
 	// first key inserted into the empty shard sets it, so that the times
 	// keep the monotonic clock reading of the caller's time.Now, if any:
 	// a step of the wall clock then moves no key's time.
 	base time.Time // guarded by mu
-	keys table     // guarded by mu
-	// 64 bytes in all: shards sit on separate cache lines.
+	// The first 64 bytes (mu, counts, base) are what a decision writes;
+	// keys, on the second line, it only reads unless it inserts.
+	keys table // guarded by mu
+	_    [32]byte
+	// 128 bytes in all: shards sit on cache lines of their own.
 }
 
 // An entry is one key. Its times are offsets from the shard's base, 8 bytes
@@ -295,6 +331,12 @@ func (l *Limiter) AllowN(t time.Time, key string, n int) (r Result) {
 // several smaller stores cannot be forwarded from them) for a few
 // nanoseconds, a noticeable part of a decision. *r is overwritten whole.
 func (l *Limiter) AllowNInto(t time.Time, key string, n int, r *Result) {
+	l.AllowNTallyInto(t, key, n, TallyShare, r)
+}
+
+// AllowNTallyInto is AllowNInto, counting the decision in Counts as tally
+// says.
+func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r *Result) {
 	if n < 1 {
 		*r = Result{RetryAfter: math.MaxInt64}
 		return
@@ -332,6 +374,9 @@ func (l *Limiter) AllowNInto(t time.Time, key string, n int, r *Result) {
 	if !ok {
 		wait = e.retryAfter(tokens, n)
 		e.denied += uint32(n)
+	}
+	if a := e.assigned; a || tally != TallyAssigned {
+		sh.counts[b2i(a && tally != TallyDefault)][b2i(ok)]++
 	}
 	r.Allowed, r.Remaining, r.RetryAfter = ok, remaining, wait
 	r.Assigned, r.Flagged, r.Mark, r.Hold = e.assigned, e.flagged, 0, 0
@@ -746,6 +791,32 @@ func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []str
 		sh.mu.Unlock()
 	}
 	return dst
+}
+
+// Counts returns the decisions counted since New (see Tally). It takes
+// each shard's lock in turn, not all at once: decisions made meanwhile are
+// in it or in the next call's.
+func (l *Limiter) Counts() Counts {
+	var c [2][2]uint64
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for a := range c {
+			for ok := range c[a] {
+				c[a][ok] += sh.counts[a][ok]
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return Counts{DefaultAllowed: c[0][1], DefaultDenied: c[0][0], AssignedAllowed: c[1][1], AssignedDenied: c[1][0]}
+}
+
+// b2i is 1 for true and 0 for false.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Len returns the number of keys held.

@@ -220,6 +220,7 @@ type keyShares interface {
 	SetMark(key string, m uint8) bool
 	SetNewMark(m uint8)
 	Give(t time.Time, key string, tokens int) bool
+	Stats(key string) (local.KeyStats, bool)
 }
 
 // instantShares is keyShares taking the engine's instants.
@@ -456,12 +457,10 @@ func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls [
 		st := &stats[i]
 		le := e.keys[st.Key]
 		if le == nil {
-			le = &lease{sentAt: e.clock.instant(st.Created)}
-			le.demand.open(le.sentAt)
-			if st.Mark != 0 {
-				le.state = stateExact
+			if e.untracked(st) {
+				continue
 			}
-			e.keys[st.Key] = le
+			le = e.track(st)
 		}
 		if le.state == stateHeld && !now.Before(le.until) {
 			le.state = stateLapsed
@@ -479,16 +478,37 @@ func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls [
 	return calls
 }
 
-// step appends the requests due at now for one key.
-func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
-	denied := st.Denied != le.deniedAt
-	le.deniedAt = st.Denied
-	e.denied = denied
+// untracked reports whether the engine keeps no state of st's key, which
+// it does not track yet: a key of a limit with split bursts in the share
+// placement that nothing moved from it (never denied, marked or assigned),
+// with fewer than demandTokens tokens asked for in all. Such a key has
+// nothing to remember: its demand, should a peer ask it to yield, is
+// measured from its first decision, as a new key's is (track). Keys
+// decided once or twice (one-shot keys, or many keys each within its
+// share) so cost the engine nothing; not while degraded, where every key
+// is looked at for its outage policy.
+func (e *engine) untracked(st *local.KeyStats) bool {
+	return !e.exactBursts && !e.degraded && st.Mark == 0 && st.Denied == 0 &&
+		!st.Assigned && !st.Lapsed && st.Attempted < demandTokens
+}
+
+// track starts the engine's state of st's key, as of its first decision.
+func (e *engine) track(st *local.KeyStats) *lease {
+	le := &lease{sentAt: e.clock.instant(st.Created)}
+	le.demand.open(le.sentAt)
+	if st.Mark != 0 {
+		le.state = stateExact
+	}
+	e.keys[st.Key] = le
+	return le
+}
+
+// measure measures, once a second, the demand of a key without a lease:
+// what it would yield to if asked. If no decision came since the last
+// tick, its window starts anew here: a burst that comes next is measured
+// from here, not diluted over the quiet before it.
+func (e *engine) measure(now instant, def float64, st *local.KeyStats, le *lease) {
 	if (le.state == stateDefault || le.state == stateYielded) && now.Sub(le.demand.lastAt()) >= time.Second {
-		// Once a second, a key without a lease measures its demand (what
-		// it would yield to if asked). If no decision came since the last
-		// tick, its window starts anew here: a burst that comes next is
-		// measured from here, not diluted over the quiet before it.
 		le.demandNow = le.demand.rate(now, st, def)
 		le.measured = true
 		if st.Attempted == le.quietAt {
@@ -497,6 +517,14 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 			le.demand.record(now, st.Attempted)
 		}
 	}
+}
+
+// step appends the requests due at now for one key.
+func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
+	denied := st.Denied != le.deniedAt
+	le.deniedAt = st.Denied
+	e.denied = denied
+	e.measure(now, def, st, le)
 	quietPrev := le.quietPrev()
 	le.quietGap = uint32(min(st.Attempted-le.quietAt, math.MaxUint32))
 	le.quietAt = st.Attempted
@@ -1018,6 +1046,19 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 	def := e.rate / float64(n)
 	life := e.t.uncontendedTTL * yieldLife
 	le := e.keys[key]
+	if le == nil {
+		if st, ok := e.shares.Stats(key); ok && !e.tickAt.IsZero() && !e.clock.instant(st.Created).After(e.tickAt) {
+			// A key that the last tick left untracked: its demand since
+			// its first decision says whether it yields. (A key new
+			// since the last tick is unknown to the engine, as it was
+			// before keys went untracked: it yields everything.) Its
+			// decisions from now on count from its Attempted counter
+			// now, a lower bound of what the next tick sees of them.
+			le = e.track(&st)
+			e.measure(now, def, &st, le)
+			le.quietAt = st.Attempted
+		}
+	}
 	switch {
 	case le == nil:
 		// Until the record is written and has ended, a first decision here

@@ -82,6 +82,7 @@ func (f rigShares) SetNewMark(m uint8)                    { f.r.loc.SetNewMark(m
 func (f rigShares) Give(t time.Time, key string, tokens int) bool {
 	return f.r.loc.Give(t, key, tokens)
 }
+func (f rigShares) Stats(key string) (local.KeyStats, bool) { return f.r.loc.Stats(key) }
 
 // op is one step's call: it runs at now and returns the lease requests the
 // engine made, if any.
@@ -849,6 +850,53 @@ func TestEngineShareCostsNothing(t *testing.T) {
 			t.Fatalf("after step %d the engine asks its peers about %v", i, r.eng.asks)
 		}
 	}})
+}
+
+// TestEngineUntrackedKeys: the engine keeps no state of a key in the share
+// placement with fewer than demandTokens tokens asked for in all and no
+// denial (BenchmarkMemory's share placement); it starts one at the first
+// tick after either, as it would have at the key's first tick, and
+// keeps it. A peer's ask of such a key is TestEngineYieldDefaultKey's.
+func TestEngineUntrackedKeys(t *testing.T) {
+	tracked := func(r *rig) bool { return r.eng.keys["k"] != nil }
+	t.Run("light", func(t *testing.T) {
+		// A decision every 200 ms: 19 of them by 3.6 s, the 20th at 3.8 s.
+		var steps []step
+		for at := time.Duration(0); at <= 4*time.Second; at += eTick {
+			if at%(200*ms) == 0 {
+				steps = append(steps, step{at: at, do: decide(1)})
+			}
+			steps = append(steps, step{at: at, do: tick()})
+		}
+		run(t, table{steps: steps, after: func(r *rig, i int) {
+			at := steps[i].at
+			if want := at > 3800*ms || (at == 3800*ms && steps[i].do.name == "tick"); tracked(r) != want {
+				t.Fatalf("at %v (%s) the engine tracks k: %v; want %v", at, steps[i].do.name, tracked(r), want)
+			}
+		}})
+	})
+	t.Run("denied", func(t *testing.T) {
+		var at []bool
+		run(t, table{steps: []step{
+			{at: 0, do: tick()},
+			{at: 0, do: decide(overShare)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
+		}, after: func(r *rig, i int) { at = append(at, tracked(r)) }})
+		if !slices.Equal(at, []bool{false, false, true}) {
+			t.Errorf("tracked after each step: %v; want only after the tick that saw the denial", at)
+		}
+	})
+	t.Run("asked before a tick saw it", func(t *testing.T) {
+		// New since the last tick: unknown to the engine, it yields
+		// everything (TestEngineYieldUnknownKey), as when every key was
+		// tracked from its first tick.
+		run(t, table{steps: []step{
+			{at: 0, do: tick()},
+			{at: 10 * ms, do: decide(1)},
+			{at: 20 * ms, do: peerAsks(), state: stateYielded, none: true},
+			{at: 50 * ms, do: tick(), calls: []req{yielding(0)}, state: stateYielded, none: true},
+		}})
+	})
 }
 
 // TestEngineAsksAfterDenial: a key in the share placement asks for a lease

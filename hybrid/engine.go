@@ -221,7 +221,8 @@ type keyShares interface {
 	SetNewMark(m uint8)
 	Give(t time.Time, key string, tokens int) bool
 	Stats(key string) (local.KeyStats, bool)
-	AppendStats(dst []local.KeyStats) []local.KeyStats
+	Shards() int
+	AppendShardStats(i int, dst []local.KeyStats) []local.KeyStats
 }
 
 // instantShares is keyShares taking the engine's instants.
@@ -534,9 +535,13 @@ func (e *engine) exactLeaves(d, def float64) bool {
 // Redis, whose records Redis may hold) and that the engine does not track.
 func (e *engine) untrackedMarked() []string {
 	var keys []string
-	for _, st := range e.shares.AppendStats(nil) {
-		if st.Mark != 0 && e.keys[st.Key] == nil {
-			keys = append(keys, st.Key)
+	var buf []local.KeyStats // a shard's keys at a time
+	for i := range e.shares.Shards() {
+		buf = e.shares.AppendShardStats(i, buf[:0])
+		for j := range buf {
+			if st := &buf[j]; st.Mark != 0 && e.keys[st.Key] == nil {
+				keys = append(keys, st.Key)
+			}
 		}
 	}
 	return keys

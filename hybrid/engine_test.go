@@ -83,8 +83,9 @@ func (f rigShares) Give(t time.Time, key string, tokens int) bool {
 	return f.r.loc.Give(t, key, tokens)
 }
 func (f rigShares) Stats(key string) (local.KeyStats, bool) { return f.r.loc.Stats(key) }
-func (f rigShares) AppendStats(dst []local.KeyStats) []local.KeyStats {
-	return f.r.loc.AppendStats(dst)
+func (f rigShares) Shards() int                             { return f.r.loc.Shards() }
+func (f rigShares) AppendShardStats(i int, dst []local.KeyStats) []local.KeyStats {
+	return f.r.loc.AppendShardStats(i, dst)
 }
 
 // op is one step's call: it runs at now and returns the lease requests the

@@ -13,30 +13,39 @@ const (
 )
 
 // demandWindow measures one key's demand from its Attempted counter, sampled
-// at each lease request.
+// at each lease request. A sample is a time and the counter's low 32 bits,
+// in two arrays, 12 bytes a sample where a struct of both would take 16
+// (a window per key): the tokens between two samples are the difference of
+// the low bits modulo 2^32 (see since), exact below 2^32 tokens, which no
+// key asks for between two samples.
 type demandWindow struct {
-	samples [demandSamples]sample // ring of (time, Attempted) at past requests
-	next    uint8                 // next slot of samples to write
-	cold    bool                  // samples[0] is the key's first decision, see rate
+	at        [demandSamples]instant // ring of the times of past samples; zero: unused
+	attempted [demandSamples]uint32  // ... and of the Attempted counters then, modulo 2^32
+	next      uint8                  // next slot to write
+	cold      bool                   // slot 0 is the key's first decision, see rate
 }
 
-type sample struct {
-	at        instant
-	attempted int64
+// since returns the tokens asked for between the sample in slot i and a
+// time when the key's Attempted counter was attempted.
+func (w *demandWindow) since(i int, attempted int64) int64 {
+	return int64(uint32(attempted) - w.attempted[i])
 }
+
+// last is the slot of the latest sample.
+func (w *demandWindow) last() int { return (int(w.next) - 1 + demandSamples) % demandSamples }
 
 // open starts the window at the key's first decision, created: one request
 // on a new key says nothing of its rate, so it is not counted as one per
 // tick.
 func (w *demandWindow) open(created instant) {
-	w.samples[0] = sample{at: created}
+	w.at[0], w.attempted[0] = created, 0
 	w.next, w.cold = 1, true
 }
 
 // record notes the key's Attempted counter at t.
 func (w *demandWindow) record(t instant, attempted int64) {
 	w.cold = w.cold && w.next != 0
-	w.samples[w.next] = sample{at: t, attempted: attempted}
+	w.at[w.next], w.attempted[w.next] = t, uint32(attempted)
 	w.next = (w.next + 1) % demandSamples
 }
 
@@ -47,13 +56,13 @@ func (w *demandWindow) record(t instant, attempted int64) {
 // its share at the next renewal, while a sparse key's want is not thrown
 // about by the gaps between its requests.
 func (w *demandWindow) falling(now instant, st *local.KeyStats, r float64) float64 {
-	last := w.samples[(w.next-1+demandSamples)%demandSamples]
-	if last.at.IsZero() || !now.After(last.at) {
+	last := w.last()
+	if w.at[last].IsZero() || !now.After(w.at[last]) {
 		return r
 	}
-	elapsed := now.Sub(last.at).Seconds()
+	elapsed := now.Sub(w.at[last]).Seconds()
 	expected := r * elapsed
-	got := float64(st.Attempted - last.attempted)
+	got := float64(w.since(last, st.Attempted))
 	if expected < demandTokens || got >= expected/4 {
 		return r
 	}
@@ -63,14 +72,15 @@ func (w *demandWindow) falling(now instant, st *local.KeyStats, r float64) float
 // restart forgets the window and starts it anew at t, with the key's
 // Attempted counter then.
 func (w *demandWindow) restart(t instant, attempted int64) {
-	clear(w.samples[:])
-	w.samples[0] = sample{at: t, attempted: attempted}
+	clear(w.at[:])
+	clear(w.attempted[:])
+	w.at[0], w.attempted[0] = t, uint32(attempted)
 	w.next, w.cold = 1, false
 }
 
 // lastAt is when the latest sample was recorded.
 func (w *demandWindow) lastAt() instant {
-	return w.samples[(w.next-1+demandSamples)%demandSamples].at
+	return w.at[w.last()]
 }
 
 // rate is the key's recent demand in tokens per second at now: measured
@@ -78,30 +88,28 @@ func (w *demandWindow) lastAt() instant {
 // tokens in the window, or to the oldest one. def is the key's default
 // share, the most a key with one request so far is taken to want.
 func (w *demandWindow) rate(now instant, st *local.KeyStats, def float64) float64 {
-	var from sample
-	var fromCold bool
+	from := -1 // the slot measured from
 	for i := 1; i <= demandSamples; i++ {
 		slot := (int(w.next) - i + demandSamples) % demandSamples
-		s := w.samples[slot]
-		if s.at.IsZero() {
+		if w.at[slot].IsZero() {
 			break
 		}
-		from, fromCold = s, w.cold && slot == 0
-		if st.Attempted-s.attempted >= demandTokens {
+		from = slot
+		if w.since(slot, st.Attempted) >= demandTokens {
 			break
 		}
 	}
-	if from.at.IsZero() || !now.After(from.at) {
+	if from < 0 || !now.After(w.at[from]) {
 		return 0
 	}
-	if !fromCold {
-		r := float64(st.Attempted-from.attempted) / now.Sub(from.at).Seconds()
+	if !w.cold || from != 0 {
+		r := float64(w.since(from, st.Attempted)) / now.Sub(w.at[from]).Seconds()
 		return w.falling(now, st, r)
 	}
 	// The window opens with the key's first request: count the gaps
 	// between requests, not the requests, or a new key with a request every
 	// second looks like one with a request per tick.
-	since := now.Sub(from.at).Seconds() // the cold sample is at st.Created
+	since := now.Sub(w.at[from]).Seconds() // the cold sample is at st.Created
 	if st.Attempted <= 1 || !st.LastSeen.After(st.Created) {
 		return min(def, 1/since)
 	}

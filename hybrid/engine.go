@@ -220,6 +220,9 @@ type keyShares interface {
 	SetMark(key string, m uint8) bool
 	SetNewMark(m uint8)
 	Give(t time.Time, key string, tokens int) bool
+	Stats(key string) (local.KeyStats, bool)
+	Shards() int
+	AppendShardStats(i int, dst []local.KeyStats) []local.KeyStats
 }
 
 // instantShares is keyShares taking the engine's instants.
@@ -466,12 +469,10 @@ func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls [
 		st := &stats[i]
 		le := e.keys[st.Key]
 		if le == nil {
-			le = &lease{sentAt: e.clock.instant(st.Created)}
-			le.demand.open(le.sentAt)
-			if st.Mark != 0 {
-				le.state = stateExact
+			if e.untracked(now, def, st) {
+				continue
 			}
-			e.keys[st.Key] = le
+			le = e.track(st)
 		}
 		if le.state == stateHeld && !now.Before(le.until) {
 			le.state = stateLapsed
@@ -489,16 +490,90 @@ func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls [
 	return calls
 }
 
-// step appends the requests due at now for one key.
-func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
-	denied := st.Denied != le.deniedAt
-	le.deniedAt = st.Denied
-	e.denied = denied
+// untracked reports whether the engine keeps no state at now of st's key,
+// which it does not track yet: a key that nothing moved from where it
+// started (never denied, assigned, or marked other than as it was
+// created), with fewer than demandTokens tokens asked for in all. With
+// split bursts that is the share placement; such a key has nothing to
+// remember: its demand, should a peer ask it to yield, is measured from
+// its first decision, as a new key's is (track). With exact bursts it is
+// the exact placement, until the policy moves it (exactDue). Keys decided
+// once or twice (one-shot keys, or many keys each within its share) so
+// cost the engine nothing; not while degraded, where every key is looked
+// at for its outage policy.
+func (e *engine) untracked(now instant, def float64, st *local.KeyStats) bool {
+	if e.degraded || st.Denied != 0 || st.Assigned || st.Lapsed || st.Attempted >= demandTokens {
+		return false
+	}
+	if !e.exactBursts {
+		return st.Mark == 0
+	}
+	return st.Mark == markExact && !e.exactDue(now, def, st)
+}
+
+// exactDue reports whether an untracked key of a limit with exact bursts
+// leaves the exact placement at now: what stepExact would decide of it,
+// at the instants it would look (the first tick that sees the key, and
+// then every ContendedTTL/renewDivisor; here from the key's first
+// decision, which that tick follows within a tick), on the demand its
+// window would measure (from the key's first decision while it holds
+// fewer than demandTokens tokens).
+func (e *engine) exactDue(now instant, def float64, st *local.KeyStats) bool {
+	created := e.clock.instant(st.Created)
+	period := e.t.contendedTTL / renewDivisor
+	if prev := e.ticks[0]; !prev.IsZero() && !prev.Before(created) && period > 0 &&
+		now.Sub(created)/period == prev.Sub(created)/period {
+		return false // the last tick saw the key, and no look is due since
+	}
+	var w demandWindow
+	w.open(created)
+	return e.exactLeaves(w.rate(now, st, def), def)
+}
+
+// exactLeaves reports whether a key of a limit with exact bursts whose
+// demand is d leaves the exact placement for a lease, def being its
+// default share: a heavy one, and a steady one whose default share's part
+// of the burst splits well, where a lease admits as well for far fewer
+// commands.
+func (e *engine) exactLeaves(d, def float64) bool {
+	heavy := d > def*exactLeaseAbove
+	steady := d >= def*exactLeaveBelow && e.share(def).Burst >= exactBurstBelow
+	return heavy || steady
+}
+
+// untrackedMarked returns the keys held here that are marked (decided in
+// Redis, whose records Redis may hold) and that the engine does not track.
+func (e *engine) untrackedMarked() []string {
+	var keys []string
+	var buf []local.KeyStats // a shard's keys at a time
+	for i := range e.shares.Shards() {
+		buf = e.shares.AppendShardStats(i, buf[:0])
+		for j := range buf {
+			if st := &buf[j]; st.Mark != 0 && e.keys[st.Key] == nil {
+				keys = append(keys, st.Key)
+			}
+		}
+	}
+	return keys
+}
+
+// track starts the engine's state of st's key, as of its first decision.
+func (e *engine) track(st *local.KeyStats) *lease {
+	le := &lease{sentAt: e.clock.instant(st.Created)}
+	le.demand.open(le.sentAt)
+	if st.Mark != 0 {
+		le.state = stateExact
+	}
+	e.keys[st.Key] = le
+	return le
+}
+
+// measure measures, once a second, the demand of a key without a lease:
+// what it would yield to if asked. If no decision came since the last
+// tick, its window starts anew here: a burst that comes next is measured
+// from here, not diluted over the quiet before it.
+func (e *engine) measure(now instant, def float64, st *local.KeyStats, le *lease) {
 	if (le.state == stateDefault || le.state == stateYielded) && now.Sub(le.demand.lastAt()) >= time.Second {
-		// Once a second, a key without a lease measures its demand (what
-		// it would yield to if asked). If no decision came since the last
-		// tick, its window starts anew here: a burst that comes next is
-		// measured from here, not diluted over the quiet before it.
 		le.demandNow = le.demand.rate(now, st, def)
 		le.measured = true
 		if st.Attempted == le.quietAt {
@@ -507,6 +582,14 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 			le.demand.record(now, st.Attempted)
 		}
 	}
+}
+
+// step appends the requests due at now for one key.
+func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *lease, calls []call) []call {
+	denied := st.Denied != le.deniedAt
+	le.deniedAt = st.Denied
+	e.denied = denied
+	e.measure(now, def, st, le)
 	quietPrev := le.quietPrev()
 	le.quietGap = uint32(min(st.Attempted-le.quietAt, math.MaxUint32))
 	le.quietAt = st.Attempted
@@ -736,12 +819,9 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	le.renewAt = now.Add(e.t.contendedTTL / renewDivisor)
 	heavy := d > def*exactLeaseAbove
 	if e.exactBursts {
-		// Exact is where these keys live. Heavy ones move to a lease, and
-		// so do steady ones whose default share's part of the burst
-		// splits well: a lease then admits as well for far fewer
-		// commands. They move after the same pause as below.
-		steady := d >= def*exactLeaveBelow && e.share(def).Burst >= exactBurstBelow
-		if !heavy && !steady {
+		// Exact is where these keys live. They move to a lease after the
+		// same pause as below.
+		if !e.exactLeaves(d, def) {
 			return calls
 		}
 		le.state = stateLeaving
@@ -1050,6 +1130,19 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 	def := e.rate / float64(n)
 	life := e.t.uncontendedTTL * yieldLife
 	le := e.keys[key]
+	if le == nil {
+		if st, ok := e.shares.Stats(key); ok && !e.tickAt.IsZero() && !e.clock.instant(st.Created).After(e.tickAt) {
+			// A key that the last tick left untracked: its demand since
+			// its first decision says whether it yields. (A key new
+			// since the last tick is unknown to the engine, as it was
+			// before keys went untracked: it yields everything.) Its
+			// decisions from now on count from its Attempted counter
+			// now, a lower bound of what the next tick sees of them.
+			le = e.track(&st)
+			e.measure(now, def, &st, le)
+			le.quietAt = st.Attempted
+		}
+	}
 	switch {
 	case le == nil:
 		// Until the record is written and has ended, a first decision here
@@ -1139,7 +1232,8 @@ func (e *engine) setFailed(key string, le *lease, on bool) bool {
 
 // evict forgets key, which the local limiter evicted, and appends its
 // release to calls if Redis may hold a record of it. It reports whether the
-// key was failing.
+// key was failing. An untracked key of a limit with exact bursts sends no
+// release: its record, if any, ends UncontendedTTL after its last take.
 func (e *engine) evict(key string, n int, calls []call) ([]call, bool) {
 	le := e.keys[key]
 	if le == nil {
@@ -1192,18 +1286,33 @@ func (e *engine) renewAll(t time.Time) {
 func (e *engine) drop(t time.Time, n int, calls []call) []call {
 	now := e.clock.instant(t)
 	e.shares.SetNewMark(0)
+	marked := e.untrackedMarked()
+	for _, k := range marked {
+		e.shares.SetMark(k, 0)
+		e.shares.Unassign(now, k)
+		calls = append(calls, e.release(k, n, nil))
+	}
 	for k, le := range e.keys {
 		if le.state != stateDefault {
 			e.shares.SetMark(k, 0)
 			e.shares.Unassign(now, k)
 		}
 	}
-	return e.releaseAll(n, calls)
+	return e.releaseTracked(n, calls)
 }
 
 // releaseAll appends the release of every record Redis may hold and forgets
 // every key.
 func (e *engine) releaseAll(n int, calls []call) []call {
+	for _, k := range e.untrackedMarked() {
+		calls = append(calls, e.release(k, n, nil))
+	}
+	return e.releaseTracked(n, calls)
+}
+
+// releaseTracked appends the release of every record Redis may hold of a
+// key the engine tracks, and forgets every key.
+func (e *engine) releaseTracked(n int, calls []call) []call {
 	for k, le := range e.keys {
 		if le.state != stateDefault {
 			calls = append(calls, e.release(k, n, nil))

@@ -82,6 +82,11 @@ func (f rigShares) SetNewMark(m uint8)                    { f.r.loc.SetNewMark(m
 func (f rigShares) Give(t time.Time, key string, tokens int) bool {
 	return f.r.loc.Give(t, key, tokens)
 }
+func (f rigShares) Stats(key string) (local.KeyStats, bool) { return f.r.loc.Stats(key) }
+func (f rigShares) Shards() int                             { return f.r.loc.Shards() }
+func (f rigShares) AppendShardStats(i int, dst []local.KeyStats) []local.KeyStats {
+	return f.r.loc.AppendShardStats(i, dst)
+}
 
 // op is one step's call: it runs at now and returns the lease requests the
 // engine made, if any.
@@ -336,8 +341,14 @@ func (r *rig) checkCalls(where string, got []call, want []req) {
 func (r *rig) checkKey(where string, now time.Time, s step) {
 	r.t.Helper()
 	le := r.eng.keys["k"]
+	// An untracked key is where it started: in the share placement, or
+	// exact with exact bursts.
+	untracked := stateDefault
+	if st, ok := r.loc.Stats("k"); ok && r.eng.exactBursts && st.Mark == markExact {
+		untracked = stateExact
+	}
 	switch {
-	case le == nil && s.state != stateDefault:
+	case le == nil && s.state != stateDefault && s.state != untracked:
 		r.t.Fatalf("%s: key unknown to the engine; want %v", where, s.state)
 	case le != nil && le.state != s.state:
 		r.t.Fatalf("%s: state %v; want %v", where, le.state, s.state)
@@ -849,6 +860,97 @@ func TestEngineShareCostsNothing(t *testing.T) {
 			t.Fatalf("after step %d the engine asks its peers about %v", i, r.eng.asks)
 		}
 	}})
+}
+
+// TestEngineUntrackedKeys: the engine keeps no state of a key in the share
+// placement with fewer than demandTokens tokens asked for in all and no
+// denial (BenchmarkMemory's share placement); it starts one at the first
+// tick after either, as it would have at the key's first tick, and
+// keeps it. A peer's ask of such a key is TestEngineYieldDefaultKey's.
+// With exact bursts the same holds of a key in the exact placement until
+// the policy moves it (TestEngineExactBurstsLeave), and Close and a limit
+// that stops being Hybrid release its record all the same.
+func TestEngineUntrackedKeys(t *testing.T) {
+	tracked := func(r *rig) bool { return r.eng.keys["k"] != nil }
+	t.Run("light", func(t *testing.T) {
+		// A decision every 200 ms: 19 of them by 3.6 s, the 20th at 3.8 s.
+		var steps []step
+		for at := time.Duration(0); at <= 4*time.Second; at += eTick {
+			if at%(200*ms) == 0 {
+				steps = append(steps, step{at: at, do: decide(1)})
+			}
+			steps = append(steps, step{at: at, do: tick()})
+		}
+		run(t, table{steps: steps, after: func(r *rig, i int) {
+			at := steps[i].at
+			if want := at > 3800*ms || (at == 3800*ms && steps[i].do.name == "tick"); tracked(r) != want {
+				t.Fatalf("at %v (%s) the engine tracks k: %v; want %v", at, steps[i].do.name, tracked(r), want)
+			}
+		}})
+	})
+	t.Run("denied", func(t *testing.T) {
+		var at []bool
+		run(t, table{steps: []step{
+			{at: 0, do: tick()},
+			{at: 0, do: decide(overShare)},
+			{at: 50 * ms, do: tick(), calls: []req{asking(coldWant(50 * ms))}, state: stateAsking},
+		}, after: func(r *rig, i int) { at = append(at, tracked(r)) }})
+		if !slices.Equal(at, []bool{false, false, true}) {
+			t.Errorf("tracked after each step: %v; want only after the tick that saw the denial", at)
+		}
+	})
+	t.Run("exact bursts", func(t *testing.T) {
+		// A key decided once stays exact, untracked: at 2/s, a look due
+		// every 300 ms finds it far below half its default share.
+		var steps []step
+		for at := time.Duration(0); at <= 3*time.Second; at += eTick {
+			if at%(500*ms) == 0 {
+				steps = append(steps, step{at: at, do: decideOne(false, markExact), state: stateExact, mark: markExact})
+			}
+			steps = append(steps, step{at: at, do: tick(), state: stateExact, mark: markExact})
+		}
+		run(t, table{exactBursts: true, steps: steps, after: func(r *rig, i int) {
+			if tracked(r) {
+				t.Fatalf("at %v (%s) the engine tracks k", steps[i].at, steps[i].do.name)
+			}
+		}})
+	})
+	for _, drop := range []bool{false, true} {
+		// Closing (releaseAll) releases the record of an untracked exact
+		// key, and a limit that stops being Hybrid (drop) also unmarks it.
+		t.Run(fmt.Sprintf("exact bursts/drop %v", drop), func(t *testing.T) {
+			r := run(t, table{exactBursts: true, steps: []step{
+				{at: 0, do: decideOne(false, markExact), mark: markExact},
+				{at: 0, do: tick(), state: stateExact, mark: markExact},
+				{at: 50 * ms, do: tick(), state: stateExact, mark: markExact},
+			}})
+			var calls []call
+			if drop {
+				calls = r.eng.drop(t0.Add(100*ms), r.n, nil)
+			} else {
+				calls = r.eng.releaseAll(r.n, nil)
+			}
+			r.checkCalls("after", calls, []req{release})
+			want := uint8(markExact)
+			if drop {
+				want = 0
+			}
+			if st, _ := r.loc.Stats("k"); st.Mark != want {
+				t.Errorf("k is marked %d; want %d", st.Mark, want)
+			}
+		})
+	}
+	t.Run("asked before a tick saw it", func(t *testing.T) {
+		// New since the last tick: unknown to the engine, it yields
+		// everything (TestEngineYieldUnknownKey), as when every key was
+		// tracked from its first tick.
+		run(t, table{steps: []step{
+			{at: 0, do: tick()},
+			{at: 10 * ms, do: decide(1)},
+			{at: 20 * ms, do: peerAsks(), state: stateYielded, none: true},
+			{at: 50 * ms, do: tick(), calls: []req{yielding(0)}, state: stateYielded, none: true},
+		}})
+	})
 }
 
 // TestEngineAsksAfterDenial: a key in the share placement asks for a lease

@@ -40,8 +40,10 @@ const memorySettle = 45
 // each key made one decision within its default share; in the lease
 // placement each was driven past its share and holds a lease; in the exact
 // placement (a limit with ExactBursts) each made one exact decision. The
-// loop has ticked memorySettle times since, so that the engine holds its
-// state of every key and the buffers of the first round are given back.
+// loop has ticked memorySettle times since, so that the engine holds what
+// it keeps of every key (nothing, for a key in the share or the exact
+// placement with nothing to remember) and the buffers of the first round
+// are given back.
 // The key strings are made before measuring and shared by all, so none is
 // charged for them. Run it with -benchtime 1x: the figure does not depend
 // on b.N, and ns/op is the time to fill the keys.

@@ -229,3 +229,19 @@ func ExampleLimiter_AppendShardStats() {
 	// Output:
 	// 1000 keys in 64 shards, none holding a tenth of them: true
 }
+
+func ExampleLimiter_Stats() {
+	l, err := local.New(local.Config{Limit: 10, Burst: 5})
+	if err != nil {
+		log.Fatal(err)
+	}
+	l.AllowN(t0, "k", 3)
+	l.AllowN(t0.Add(time.Second), "k", 9) // more than the burst: denied
+	st, ok := l.Stats("k")
+	fmt.Println(ok, st.Attempted, st.Denied, st.LastSeen.Sub(st.Created))
+	_, ok = l.Stats("never seen")
+	fmt.Println(ok)
+	// Output:
+	// true 12 9 1s
+	// false
+}

@@ -750,25 +750,34 @@ func (l *Limiter) AppendShardStats(i int, dst []KeyStats) []KeyStats {
 	sh := &l.shards[i]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.keys.each(func(e *entry) {
-		var until time.Time
-		if e.assigned {
-			until = sh.time(e.until)
-		}
-		dst = append(dst, KeyStats{
-			Key:       e.key,
-			Attempted: e.attempted,
-			LastSeen:  sh.time(e.seen),
-			Created:   sh.time(e.created),
-			Assigned:  e.assigned && e.last < e.until,
-			Until:     until,
-			Share:     Share{Limit: e.b.limit, Burst: e.b.burst},
-			Denied:    e.denied,
-			Mark:      e.mark,
-			Lapsed:    e.lapsed,
-		})
-	})
+	sh.keys.each(func(e *entry) { dst = append(dst, sh.stats(e)) })
 	return dst
+}
+
+// Stats returns a snapshot of key, and false if the key does not exist.
+func (l *Limiter) Stats(key string) (st KeyStats, ok bool) {
+	ok = l.with(key, func(sh *shard, e *entry) { st = sh.stats(e) })
+	return st, ok
+}
+
+// stats is a snapshot of e. Requires sh.mu held.
+func (sh *shard) stats(e *entry) KeyStats {
+	var until time.Time
+	if e.assigned {
+		until = sh.time(e.until)
+	}
+	return KeyStats{
+		Key:       e.key,
+		Attempted: e.attempted,
+		LastSeen:  sh.time(e.seen),
+		Created:   sh.time(e.created),
+		Assigned:  e.assigned && e.last < e.until,
+		Until:     until,
+		Share:     Share{Limit: e.b.limit, Burst: e.b.burst},
+		Denied:    e.denied,
+		Mark:      e.mark,
+		Lapsed:    e.lapsed,
+	}
 }
 
 // EvictIdle removes every key whose latest decision is older than t minus

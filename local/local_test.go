@@ -198,6 +198,9 @@ func TestAssignAndExpiry(t *testing.T) {
 	if len(st) != 1 || !st[0].Assigned || st[0].Share != (Share{50, 5}) || st[0].Attempted != 7 {
 		t.Fatalf("stats %+v", st)
 	}
+	if one, ok := l.Stats("k"); !ok || one != st[0] {
+		t.Fatalf("Stats(k) = %+v, %v; want AppendStats's %+v", one, ok, st[0])
+	}
 	// After until the key is back at the default share, with its burst.
 	r = l.AllowN(t0.Add(2*time.Second), "k", 2)
 	if !r.Allowed || r.Assigned {

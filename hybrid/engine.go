@@ -630,10 +630,15 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		if !denied || e.degraded {
 			return calls
 		}
-		if le.measured && le.demandNow*headroom < def && e.share(def).Burst < exactBurstBelow {
-			// Turned away though its demand fits its share: what it lacks
-			// is burst, not rate, and the burst splits too finely for a
-			// lease to help. The key's pool in Redis holds it whole.
+		if b := e.share(def).Burst; b >= 1 && b < exactBurstBelow && e.lightDemand(now, st, le, def) < def*exactLeaseAbove {
+			// Its default share's part of the burst splits too finely for
+			// a lease to serve requests sprayed near the limit (see
+			// exactBurstBelow), and its demand is below what moves an
+			// exact key to a lease: the key's pool in Redis holds the
+			// burst whole, at a script per decision, with no lease request
+			// first. (A part of no token at all would leave a lone exact
+			// user a pool of none: such a key asks for a lease, and its
+			// peers to yield.)
 			e.toExact(now, st.Key, le, markExact)
 			return calls
 		}
@@ -1194,6 +1199,17 @@ func (e *engine) yieldTo(now instant, key string, le *lease, d float64) {
 	}
 	le.state, le.granted, le.until = stateYielded, d, 0
 	le.askedAt, le.renewAt = now, now
+}
+
+// lightDemand is the demand, with headroom, by which a key in the share
+// placement that its share turned away chooses between the exact
+// placement and a lease: measured over a second, or, for a key younger
+// than that, over its decisions so far.
+func (e *engine) lightDemand(now instant, st *local.KeyStats, le *lease, def float64) float64 {
+	if le.measured {
+		return le.demandNow * headroom
+	}
+	return le.demand.rate(now, st, def) * headroom
 }
 
 // youngDemand is what a key in the share placement whose demand has not

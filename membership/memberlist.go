@@ -205,6 +205,14 @@ type Memberlist struct {
 	leavingMu sync.Mutex
 	heard     map[string]struct{} // guarded by leavingMu: members that said they are leaving
 
+	// addrs holds the address of every other member, as the event delegate
+	// last saw it. Messages go to these copies, never to memberlist's own
+	// *Node, whose fields memberlist rewrites under its lock (a member's
+	// metadata update rewrites its address too) while a send would read
+	// them without it.
+	addrsMu sync.Mutex
+	addrs   map[string]memberlist.Address // guarded by addrsMu
+
 	// Joining the seeds, at Join and in the background.
 	seeds            []seed
 	resolve          func(ctx context.Context, host string) ([]string, error)
@@ -532,11 +540,47 @@ func (m *Memberlist) close(leave bool) error {
 // never block.
 type eventDelegate struct{ m *Memberlist }
 
-func (d eventDelegate) NotifyUpdate(*memberlist.Node) { d.m.nt.signal() }
+func (d eventDelegate) NotifyUpdate(n *memberlist.Node) {
+	d.m.setAddr(n)
+	d.m.nt.signal()
+}
+
+// setAddr keeps the address of member n, read while memberlist holds the
+// lock under which it calls its event delegate.
+func (m *Memberlist) setAddr(n *memberlist.Node) {
+	if n.Name == m.name {
+		return
+	}
+	m.addrsMu.Lock()
+	defer m.addrsMu.Unlock()
+	if m.addrs == nil {
+		m.addrs = make(map[string]memberlist.Address)
+	}
+	m.addrs[n.Name] = memberlist.Address{Addr: n.Address(), Name: n.Name}
+}
+
+// peers returns the addresses of the other members, or, if to is not
+// empty, of the member named to only.
+func (m *Memberlist) peers(to string) []memberlist.Address {
+	m.addrsMu.Lock()
+	defer m.addrsMu.Unlock()
+	if to != "" {
+		if a, ok := m.addrs[to]; ok {
+			return []memberlist.Address{a}
+		}
+		return nil
+	}
+	out := make([]memberlist.Address, 0, len(m.addrs))
+	for _, a := range m.addrs {
+		out = append(out, a)
+	}
+	return out
+}
 
 // NotifyJoin forgets a notice that a node of that name was leaving: a node
 // that joins is a new process, or one that came back.
 func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
+	d.m.setAddr(n)
 	d.m.leavingMu.Lock()
 	delete(d.m.heard, n.Name)
 	d.m.leavingMu.Unlock()
@@ -551,6 +595,9 @@ func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
 // its goodbye. A node that never said so, or whose word did not arrive
 // before its departure, is a failure, whatever the cause.
 func (d eventDelegate) NotifyLeave(n *memberlist.Node) {
+	d.m.addrsMu.Lock()
+	delete(d.m.addrs, n.Name)
+	d.m.addrsMu.Unlock()
 	d.m.leavingMu.Lock()
 	_, heard := d.m.heard[n.Name]
 	delete(d.m.heard, n.Name)
@@ -587,10 +634,8 @@ func (m *Memberlist) heardLeaving(name string) {
 // notice that it is leaving, best effort, one UDP packet each.
 func (m *Memberlist) announceLeaving() {
 	notice := appendLeaving(nil, m.name)
-	for _, n := range m.ml.Members() {
-		if n.Name != m.name {
-			_ = m.ml.SendBestEffort(n, notice) // the metadata is the fallback
-		}
+	for _, a := range m.peers("") {
+		_ = m.ml.SendToAddress(a, notice) // the metadata is the fallback
 	}
 }
 
@@ -632,7 +677,7 @@ func flatten(err error) error {
 }
 
 // Broadcast implements Messenger: it sends msg to every other member this
-// node believes alive, one UDP packet each (memberlist's SendBestEffort,
+// node believes alive, one UDP packet each (memberlist's SendToAddress,
 // encrypted when Config.SecretKey is set). After Close it returns an error
 // wrapping ErrClosed.
 func (m *Memberlist) Broadcast(msg []byte) error {
@@ -644,22 +689,19 @@ func (m *Memberlist) Broadcast(msg []byte) error {
 	}
 	var frame []byte
 	var errs []error
-	for _, n := range m.ml.Members() {
-		if n.Name == m.name {
-			continue
-		}
+	for _, a := range m.peers("") {
 		if frame == nil {
 			frame = appendFrame(nil, m.name, msg)
 		}
-		if err := m.ml.SendBestEffort(n, frame); err != nil {
-			errs = append(errs, fmt.Errorf("membership: broadcast from %q to %q: %w", m.name, n.Name, err))
+		if err := m.ml.SendToAddress(a, frame); err != nil {
+			errs = append(errs, fmt.Errorf("membership: broadcast from %q to %q: %w", m.name, a.Name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // Send implements Messenger: it sends msg to the live member named to, in
-// one UDP packet (memberlist's SendBestEffort, encrypted when
+// one UDP packet (memberlist's SendToAddress, encrypted when
 // Config.SecretKey is set). After Close it returns an error wrapping
 // ErrClosed.
 func (m *Memberlist) Send(to string, msg []byte) error {
@@ -672,11 +714,8 @@ func (m *Memberlist) Send(to string, msg []byte) error {
 	if to == m.name {
 		return nil
 	}
-	for _, n := range m.ml.Members() {
-		if n.Name != to {
-			continue
-		}
-		if err := m.ml.SendBestEffort(n, appendFrame(nil, m.name, msg)); err != nil {
+	for _, a := range m.peers(to) {
+		if err := m.ml.SendToAddress(a, appendFrame(nil, m.name, msg)); err != nil {
 			return fmt.Errorf("membership: send from %q to %q: %w", m.name, to, err)
 		}
 		return nil

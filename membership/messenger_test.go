@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -202,4 +203,34 @@ func TestMemberlistMessagesAfterClose(t *testing.T) {
 		t.Errorf("Send after Close: err = %v, want ErrClosed", err)
 	}
 	n2.Receive(func(string, []byte) { t.Error("receiver called after Close") })()
+}
+
+// TestMemberlistSendWhileMetadataChanges: messages go to copies of the
+// members' addresses, so a send never reads a memberlist node that
+// memberlist rewrites when a member's metadata changes (under -race, a
+// send to memberlist's own *Node was reported racing with that update).
+func TestMemberlistSendWhileMetadataChanges(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	n, r := cluster3(t, nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			_ = n[0].Broadcast([]byte{byte(i)})
+			_ = n[0].Send("n2", []byte{byte(i)})
+		}
+	}()
+	for i := range 20 {
+		n[1].leaving.Store(i%2 == 0) // its metadata says so, or not
+		if err := n[1].ml.UpdateNode(time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	if err := n[0].Broadcast([]byte("last")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "n3 hears the last broadcast", func() bool {
+		return slices.Contains(r[2].messages(), message{"n1", "last"})
+	})
 }

@@ -630,15 +630,13 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		if !denied || e.degraded {
 			return calls
 		}
-		if b := e.share(def).Burst; b >= 1 && b < exactBurstBelow && e.lightDemand(now, st, le, def) < def*exactLeaseAbove {
-			// Its default share's part of the burst splits too finely for
-			// a lease to serve requests sprayed near the limit (see
-			// exactBurstBelow), and its demand is below what moves an
-			// exact key to a lease: the key's pool in Redis holds the
-			// burst whole, at a script per decision, with no lease request
-			// first. (A part of no token at all would leave a lone exact
-			// user a pool of none: such a key asks for a lease, and its
-			// peers to yield.)
+		if e.share(def).Burst >= 1 && e.exactSuits(def, e.lightDemand(now, st, le, def)) {
+			// What a contended grant of its default share would do (see
+			// granted), without the lease request first: the key's pool
+			// in Redis holds the burst whole, at a script per decision.
+			// (A part of no token at all would leave a lone exact user a
+			// pool of none: such a key asks for a lease, and its peers to
+			// yield.)
 			e.toExact(now, st.Key, le, markExact)
 			return calls
 		}
@@ -1087,7 +1085,7 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 	// that wants less is served by its lease, and would hand its share to
 	// the pool for nothing.
 	def := e.rate / float64(c.req.Instances)
-	if res.Contended && c.req.Want > def && e.share(res.Fair).Burst < exactBurstBelow && c.req.Want <= res.Fair*exactDemandUpTo*headroom {
+	if res.Contended && c.req.Want > def && e.exactSuits(res.Fair, c.req.Want) {
 		// Lower first (the key stops running its grant), then the first
 		// exact decision tells Redis, which drops the lease record then.
 		e.toExact(at, c.req.Key, le, markExactDropLease)
@@ -1199,6 +1197,15 @@ func (e *engine) yieldTo(now instant, key string, le *lease, d float64) {
 	}
 	le.state, le.granted, le.until = stateYielded, d, 0
 	le.askedAt, le.renewAt = now, now
+}
+
+// exactSuits reports whether the exact placement serves a key better than
+// a lease of fair with want (its demand with headroom): fair's part of the
+// burst splits too finely (below exactBurstBelow tokens), and the demand
+// is not so far above fair (exactDemandUpTo times) that a lease, cut at
+// its part of the burst, admits as well for far fewer commands.
+func (e *engine) exactSuits(fair, want float64) bool {
+	return e.share(fair).Burst < exactBurstBelow && want <= fair*exactDemandUpTo*headroom
 }
 
 // lightDemand is the demand, with headroom, by which a key in the share

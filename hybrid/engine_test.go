@@ -1143,10 +1143,11 @@ func TestEngineYieldedKeyLowers(t *testing.T) {
 // TestEngineDeniedWithinShare: a key in the share placement that its
 // share turned away, where the default share's part of the burst is below
 // exactBurstBelow (8 instances: 2 tokens of 20), moves to the exact
-// placement at once, asking Redis nothing, unless its demand (with
-// headroom; measured over a second, or young over its decisions so far)
-// is exactLeaseAbove default shares or more, where a lease serves as well
-// for fewer commands; where the part splits well (4 instances: 5 tokens),
+// placement at once, asking Redis nothing, unless its demand (measured
+// over a second, or young over its decisions so far) is above
+// exactDemandUpTo default shares, where a lease serves as well for fewer
+// commands (exactSuits, as for a contended grant); where the part splits
+// well (4 instances: 5 tokens),
 // it asks for a lease as any denied key does.
 func TestEngineDeniedWithinShare(t *testing.T) {
 	low := func(n int) []step {
@@ -1163,7 +1164,7 @@ func TestEngineDeniedWithinShare(t *testing.T) {
 			step{at: 1100 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking})})
 	})
 	t.Run("instances=8/heavy", func(t *testing.T) {
-		// 60/s from the start, 66/s with headroom: above 4·12.5/s.
+		// 60/s from the start: above 3·12.5/s.
 		run(t, table{perTick: 3, steps: []step{
 			{at: 0, do: instances(8)},
 			{at: 50 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL, running: 12.5, runningFor: eUTTL, instances: 8}}, state: stateAsking},

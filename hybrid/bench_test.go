@@ -52,6 +52,13 @@ func benchLimiterWith(b *testing.B, srv *redistest.Server, m hybrid.Mode, reg pr
 			Name: benchLimit, Rate: benchRate, Burst: benchBurst, Mode: m, OnOutage: hybrid.FailLocal,
 		}},
 	}
+	return startBench(b, srv, cfg)
+}
+
+// startBench starts a Limiter with cfg, on srv's Redis unless srv is nil,
+// and closes it in b.Cleanup, failing the benchmark if Close fails.
+func startBench(b *testing.B, srv *redistest.Server, cfg hybrid.Config) *hybrid.Limiter {
+	b.Helper()
 	if srv != nil {
 		cfg.Redis = srv.Client(b)
 	}

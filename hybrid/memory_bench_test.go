@@ -162,21 +162,7 @@ func memoryLimiter(b *testing.B, srv *redistest.Server, lim hybrid.Limit) *hybri
 		RedisTimeout:   30 * time.Second,
 		IdleAfter:      time.Hour,
 	}
-	if srv != nil {
-		cfg.Redis = srv.Client(b)
-	}
-	l, err := hybrid.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := l.Close(ctx); err != nil {
-			b.Error(err)
-		}
-	})
-	return l
+	return startBench(b, srv, cfg)
 }
 
 // memoryTicks waits until l's loop has ticked at least ticks times: each

@@ -236,3 +236,46 @@ func TestDecisionsInProcessDoNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestDecisionsCountedWhileLeavingHybrid: a limit with exact bursts turned
+// Local keeps its keys marked exact until the loop's next tick; a decision
+// on such a key in between is a counted local denial that says to look
+// again after a tick, and a key new since the change starts at its
+// default share, not marked.
+func TestDecisionsCountedWhileLeavingHybrid(t *testing.T) {
+	srv := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	lim := hybrid.Limit{Name: "x", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	l := newLimiter(t, hybrid.Config{
+		Redis: srv.Client(t), Members: membership.NewStatic("i", 1), Limits: []hybrid.Limit{lim},
+		Registerer: reg, // no tick during the test:
+		Tick: time.Minute, ContendedTTL: 3 * time.Minute, UncontendedTTL: 5 * time.Minute,
+	})
+	ctx := context.Background()
+	ta := &tally{n: make(map[series]float64)}
+	d, err := l.Allow(ctx, "x", "old")
+	if err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal {
+		t.Fatalf("first decision: %+v, %v; want allowed by Redis", d, err)
+	}
+	ta.add("x", d)
+	lim.Mode, lim.ExactBursts = hybrid.Local, false
+	if err := l.SetLimits([]hybrid.Limit{lim}); err != nil {
+		t.Fatal(err)
+	}
+	d, err = l.Allow(ctx, "x", "old")
+	if err != nil || d.Allowed || d.Source != hybrid.SourceLocal || d.RetryAfter != time.Minute {
+		t.Errorf("a key still marked exact, after the change to Local: %+v, %v; want a local denial, retry after a tick", d, err)
+	}
+	ta.add("x", d)
+	d, err = l.Allow(ctx, "x", "new")
+	if err != nil || !d.Allowed || d.Source != hybrid.SourceLocal {
+		t.Errorf("a new key after the change to Local: %+v, %v; want allowed locally", d, err)
+	}
+	ta.add("x", d)
+	got := decisionSeries(t, reg)
+	for s, n := range ta.n {
+		if got[s] != n {
+			t.Errorf("%v: counted %v, decided %v", s, got[s], n)
+		}
+	}
+}

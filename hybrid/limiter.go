@@ -374,15 +374,20 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 	var r local.Result
 	ls.loc.AllowNTallyInto(now, key, n, tally, &r)
 	allowed, remaining, wait := r.Allowed, r.Remaining, r.RetryAfter
+	if r.Mark != 0 {
+		if ls.Mode != Hybrid {
+			*d = l.unmarkedYet(ls)
+			return nil
+		}
+		m, err := l.marked(ctx, ls, key, n, now, r.Mark, r.Hold, degraded)
+		if err == nil {
+			*d = m
+		}
+		return err
+	}
 	src := SourceLocal
 	if ls.Mode == Hybrid {
 		switch {
-		case r.Mark != 0:
-			m, err := l.marked(ctx, ls, key, n, now, r.Mark, r.Hold, degraded)
-			if err == nil {
-				*d = m
-			}
-			return err
 		case r.Assigned:
 			src = SourceLease
 		case !degraded || ls.OnOutage == FailLocal:
@@ -451,6 +456,14 @@ func (l *Limiter) marked(ctx context.Context, ls *limitEntry, key string, n int,
 	default:
 		return ls.finish(l.policy(ls)), nil
 	}
+}
+
+// unmarkedYet is the decision on a key of ls that the local limiter still
+// marks exact although ls is no longer Hybrid: the loop moves it back to
+// its default share at its next tick (engine.drop). The local limiter did
+// not count it; finish does.
+func (l *Limiter) unmarkedYet(ls *limitEntry) Decision {
+	return ls.finish(Decision{RetryAfter: l.cfg.Tick, Source: SourceLocal})
 }
 
 // finish counts decision d under ls, which ls.loc did not decide, and
@@ -600,6 +613,9 @@ func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int)
 		// limit was Hybrid).
 		var r local.Result
 		ls.loc.AllowNTallyInto(time.Now(), key, n, local.TallyDefault, &r)
+		if r.Mark != 0 {
+			return l.unmarkedYet(ls), nil
+		}
 		return ls.shade(fromLocal(r, SourceLocal)), nil
 	}
 	return ls.finish(l.policy(ls)), nil

@@ -138,8 +138,9 @@ func (m *metrics) forget(name string) {
 // metrics are gathered: one counter that every decision increments would
 // be a cache line that every core writes, which costs a parallel decision
 // more than the rest of the counting. The other decisions (exact, Global,
-// the outage policies, n above the burst) wait on Redis or are rare, and
-// are counted in decisionCounts.out.
+// the outage policies, n above the burst, credit admitted in process) are
+// counted in decisionCounts.out, an atomic each: they wait on Redis, or
+// happen while it is down, or (credit) take the credit book's lock anyway.
 type decisionsCollector struct {
 	desc *prometheus.Desc
 
@@ -183,9 +184,15 @@ func (dc *decisionsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- dc.de
 // Collect implements prometheus.Collector: every (outcome, source) pair of
 // every limit, zeros included.
 func (dc *decisionsCollector) Collect(ch chan<- prometheus.Metric) {
+	// The shards are read without dc.mu held: add and remove (SetLimits)
+	// never wait for a gather.
 	dc.mu.Lock()
-	defer dc.mu.Unlock()
+	limits := make([]*decisionCounts, 0, len(dc.limits))
 	for _, c := range dc.limits {
+		limits = append(limits, c)
+	}
+	dc.mu.Unlock()
+	for _, c := range limits {
 		var v [numSources][2]uint64
 		for s := range v {
 			v[s][0], v[s][1] = c.out[s][0].Load(), c.out[s][1].Load()

@@ -112,6 +112,11 @@ func (l *Limiter) change(prev *limitEntry, lim Limit, now time.Time) *limitEntry
 		// Cannot fail: lim is valid.
 		_ = e.loc.SetLimit(now, rate.Limit(lim.Rate), lim.Burst)
 	}
+	if lim.Mode != Hybrid && prev.Mode == Hybrid {
+		// New keys start at the default share from now, not marked exact
+		// until the loop's next tick drops the engine.
+		e.loc.SetNewMark(0)
+	}
 	n, rank := l.place(now)
 	e.loc.SetPlace(now, placeOf(e, n, rank))
 	return e

@@ -249,7 +249,7 @@ func TestDecisionsCountedWhileLeavingHybrid(t *testing.T) {
 	l := newLimiter(t, hybrid.Config{
 		Redis: srv.Client(t), Members: membership.NewStatic("i", 1), Limits: []hybrid.Limit{lim},
 		Registerer: reg, // no tick during the test:
-		Tick: time.Minute, ContendedTTL: 3 * time.Minute, UncontendedTTL: 5 * time.Minute,
+		Tick:       time.Minute, ContendedTTL: 3 * time.Minute, UncontendedTTL: 5 * time.Minute,
 	})
 	ctx := context.Background()
 	ta := &tally{n: make(map[series]float64)}

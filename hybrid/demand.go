@@ -78,6 +78,10 @@ func (w *demandWindow) restart(t instant, attempted int64) {
 	w.next, w.cold = 1, false
 }
 
+// first returns the sample the window opened or restarted with: its
+// oldest while nothing was recorded since.
+func (w *demandWindow) first() (instant, int64) { return w.at[0], int64(w.attempted[0]) }
+
 // lastAt is when the latest sample was recorded.
 func (w *demandWindow) lastAt() instant {
 	return w.at[w.last()]

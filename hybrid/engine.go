@@ -301,7 +301,7 @@ const (
 	// A key in the share placement younger than a second (its demand not
 	// yet measured) that a peer asks to yield does so once it is
 	// youngYieldAfter old, to its requests so far plus youngSlack over its
-	// age (youngDemand).
+	// age (youngDemand, which counts from the start of its demand window).
 	youngYieldAfter = 200 * time.Millisecond
 	youngSlack      = 2
 	// yieldLower: a yielded key whose measured demand (with headroom)
@@ -472,7 +472,7 @@ func (e *engine) collectKeys(t time.Time, n int, stats []local.KeyStats, calls [
 			if e.untracked(now, def, st) {
 				continue
 			}
-			le = e.track(st)
+			le = e.track(now, st)
 		}
 		if le.state == stateHeld && !now.Before(le.until) {
 			le.state = stateLapsed
@@ -557,10 +557,19 @@ func (e *engine) untrackedMarked() []string {
 	return keys
 }
 
-// track starts the engine's state of st's key, as of its first decision.
-func (e *engine) track(st *local.KeyStats) *lease {
+// track starts the engine's state of st's key at now, as of its first
+// decision. A key in the share placement left untracked for longer than
+// an idle period (UncontendedTTL/renewDivisor, after which a leased key
+// stops renewing) has its demand measured from now: its few tokens may
+// have come long before (a few requests, then a minute of quiet), and
+// measured over its whole life it would look far lighter than it is now.
+func (e *engine) track(now instant, st *local.KeyStats) *lease {
 	le := &lease{sentAt: e.clock.instant(st.Created)}
-	le.demand.open(le.sentAt)
+	if st.Mark == 0 && now.Sub(le.sentAt) > e.t.uncontendedTTL/renewDivisor {
+		le.demand.restart(now, st.Attempted)
+	} else {
+		le.demand.open(le.sentAt)
+	}
 	if st.Mark != 0 {
 		le.state = stateExact
 	}
@@ -622,22 +631,12 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		// (and not while Redis is down: no grant could follow).
 		if !le.measured && !e.degraded && !le.askedAt.IsZero() && now.Sub(le.askedAt) < askEvery {
 			// A peer asked it to yield lately (yieldAsked).
-			if d, ok := youngDemand(now, st, e.clock.instant(st.Created)); ok && d < def*yieldBelow {
+			if d, ok := youngDemand(now, st, &le.demand); ok && d < def*yieldBelow {
 				e.yieldTo(now, st.Key, le, d)
 				return e.stepYielded(now, n, def, st, le, false, calls)
 			}
 		}
 		if !denied || e.degraded {
-			return calls
-		}
-		if e.share(def).Burst >= 1 && e.exactSuits(def, e.lightDemand(now, st, le, def)) {
-			// What a contended grant of its default share would do (see
-			// granted), without the lease request first: the key's pool
-			// in Redis holds the burst whole, at a script per decision.
-			// (A part of no token at all would leave a lone exact user a
-			// pool of none: such a key asks for a lease, and its peers to
-			// yield.)
-			e.toExact(now, st.Key, le, markExact)
 			return calls
 		}
 		e.asks = append(e.asks, st.Key)
@@ -1141,7 +1140,7 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 			// before keys went untracked: it yields everything.) Its
 			// decisions from now on count from its Attempted counter
 			// now, a lower bound of what the next tick sees of them.
-			le = e.track(&st)
+			le = e.track(now, &st)
 			e.measure(now, def, &st, le)
 			le.quietAt = st.Attempted
 		}
@@ -1208,30 +1207,20 @@ func (e *engine) exactSuits(fair, want float64) bool {
 	return e.share(fair).Burst < exactBurstBelow && want <= fair*exactDemandUpTo*headroom
 }
 
-// lightDemand is the demand, with headroom, by which a key in the share
-// placement that its share turned away chooses between the exact
-// placement and a lease: measured over a second, or, for a key younger
-// than that, over its decisions so far.
-func (e *engine) lightDemand(now instant, st *local.KeyStats, le *lease, def float64) float64 {
-	if le.measured {
-		return le.demandNow * headroom
-	}
-	return le.demand.rate(now, st, def) * headroom
-}
-
 // youngDemand is what a key in the share placement whose demand has not
 // been measured over a second yet is taken to need at now, with headroom,
-// or false while it is younger than youngYieldAfter: its requests so far
-// plus youngSlack more, over its age. A peer that asks it to yield then
+// or false while its window w is younger than youngYieldAfter: its
+// requests since w opened plus youngSlack more, over w's age. A peer that asks it to yield then
 // need not wait for a second of measurement (a fresh key's heavy instance
 // would run its default share until then), while a key that has seen a
 // request or two keeps its share.
-func youngDemand(now instant, st *local.KeyStats, created instant) (float64, bool) {
-	age := now.Sub(created)
+func youngDemand(now instant, st *local.KeyStats, w *demandWindow) (float64, bool) {
+	from, attempted := w.first()
+	age := now.Sub(from)
 	if age < youngYieldAfter {
 		return 0, false
 	}
-	return (float64(st.Attempted) + youngSlack) / age.Seconds() * headroom, true
+	return (float64(st.Attempted-attempted) + youngSlack) / age.Seconds() * headroom, true
 }
 
 // failed records that c, sent at sent, got no answer: the key tries again

@@ -810,8 +810,7 @@ func TestEngineEviction(t *testing.T) {
 // TestEngineInstancesChange: when N-hat changes, a settled lease renews at
 // the next tick, on the contended schedule, and every request carries the
 // new count; a new key's want is capped by the new default share, which it
-// says it runs (where that share's part of the burst splits well; below
-// that, the key goes exact).
+// says it runs.
 func TestEngineInstancesChange(t *testing.T) {
 	run(t, table{perTick: 2, steps: append(contendedSteps(),
 		step{at: 1100 * ms, do: tick(), state: stateHeld, share: leased(25)}, // settled: renews at 1650 ms
@@ -820,7 +819,7 @@ func TestEngineInstancesChange(t *testing.T) {
 			state: stateHeld, share: leased(25)},
 	)})
 
-	for _, n := range []int{2, 4, 8} {
+	for _, n := range []int{4, 8} {
 		// A burst 10 ms ago says 100/s; a key is taken to want at most
 		// its default share until it has more to go on.
 		r := newRig(t, false)
@@ -831,15 +830,6 @@ func TestEngineInstancesChange(t *testing.T) {
 			r.loc.Allow(t0, "k")
 		}
 		calls, _ := r.eng.collect(t0.Add(10*ms), r.n, r.loc.AppendStats(nil), nil)
-		if n == 8 {
-			// A burst part of 2 tokens, below exactBurstBelow, and a
-			// demand below exactLeaseAbove default shares: the key goes
-			// to the exact placement, with no lease request.
-			if len(calls) != 0 || r.eng.keys["k"].state != stateExact {
-				t.Fatalf("a new key at N=8 asked %v and is %v; want nothing asked, exact", calls, r.eng.keys["k"].state)
-			}
-			continue
-		}
 		if len(calls) != 1 || calls[0].req.Instances != n || math.Abs(calls[0].req.Want-def*headroom) > 1e-9 ||
 			calls[0].req.Running != def || calls[0].req.Held {
 			t.Fatalf("a new key at N=%d asked %v; want %.4g/s, running %v", n, calls, def*headroom, def)
@@ -1138,38 +1128,6 @@ func TestEngineYieldedKeyLowers(t *testing.T) {
 			t.Errorf("after step %d the engine tells its peers about %q; want nothing", i, f)
 		}
 	}
-}
-
-// TestEngineDeniedWithinShare: a key in the share placement that its
-// share turned away, where the default share's part of the burst is below
-// exactBurstBelow (8 instances: 2 tokens of 20), moves to the exact
-// placement at once, asking Redis nothing, unless its demand (measured
-// over a second, or young over its decisions so far) is above
-// exactDemandUpTo default shares, where a lease serves as well for fewer
-// commands (exactSuits, as for a contended grant); where the part splits
-// well (4 instances: 5 tokens),
-// it asks for a lease as any denied key does.
-func TestEngineDeniedWithinShare(t *testing.T) {
-	low := func(n int) []step {
-		steps := []step{{at: 0, do: instances(n)}}
-		steps = append(steps, lowDemand()...) // measured at 1 s: 5.5/s with headroom
-		return append(steps, step{at: 1050 * ms, do: decide(6)})
-	}
-	t.Run("instances=8", func(t *testing.T) {
-		run(t, table{steps: append(low(8),
-			step{at: 1100 * ms, do: tick(), state: stateExact, none: true, mark: markExact})})
-	})
-	t.Run("instances=4", func(t *testing.T) {
-		run(t, table{steps: append(low(4),
-			step{at: 1100 * ms, do: tick(), calls: []req{asking(anyWant)}, state: stateAsking})})
-	})
-	t.Run("instances=8/heavy", func(t *testing.T) {
-		// 60/s from the start: above 3·12.5/s.
-		run(t, table{perTick: 3, steps: []step{
-			{at: 0, do: instances(8)},
-			{at: 50 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eUTTL, running: 12.5, runningFor: eUTTL, instances: 8}}, state: stateAsking},
-		}})
-	})
 }
 
 // TestEngineYieldedKeyAsks: a yielded key whose share denies a request asks
@@ -1677,4 +1635,20 @@ func TestEngineYoungDemandSplitsWell(t *testing.T) {
 	if r.eng.renewal(r.eng.clock.instant(t0.Add(500*ms)), eN, st, le, eDef).Young {
 		t.Fatal("young with a default burst share of 2")
 	}
+}
+
+// TestEngineTrackedLateMeasuresFromNow: a key that sent a few requests,
+// went quiet for a minute and came back at 20/s (within its 25/s share) is
+// tracked once it has seen demandTokens tokens, and measures its demand
+// from then, not over its whole life (0.3/s): asked to yield a quarter of
+// a second later, it needs its share and keeps it.
+func TestEngineTrackedLateMeasuresFromNow(t *testing.T) {
+	steps := []step{{at: 0, do: decide(5)}, {at: 0, do: tick()}}
+	for at := 60 * time.Second; at <= 62*time.Second; at += eTick {
+		steps = append(steps, step{at: at, do: decide(1)}, step{at: at, do: tick()})
+		if at == 61*time.Second {
+			steps = append(steps, step{at: at, do: peerAsks()}, step{at: at, do: tick()})
+		}
+	}
+	run(t, table{steps: steps})
 }

@@ -133,8 +133,8 @@ func (r *ExactRequest) validate() error {
 // its rate is 0, so a caller may ask again once the leases have shrunk.
 //
 // Callers the pool cannot serve again at once are given turns: a denial's
-// RetryAfter, and an admission's Turn when it left the pool short of
-// another r.N tokens, is one take's refill (r.N tokens at the pool's rate)
+// RetryAfter, and an admission's Turn when it left the pool less than one
+// token, is one take's refill (r.N tokens at the pool's rate)
 // after the turn handed out before it, from when the tokens would first be
 // there, at most r.Instances-1 refills later and fewer than the pool's
 // burst holds. A caller that waits for its turn before asking again (as

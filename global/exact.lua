@@ -55,7 +55,7 @@
 -- pool_burst, credit handed, turn_us}, all strings because Redis truncates
 -- Lua numbers to integers. retry_after_us is "-1" when the tokens can never
 -- be there at the current pool_rate and pool_burst. A denial's retry_after_us, and an
--- admission's turn_us when it left the pool short of another take, is the
+-- admission's turn_us when it left the pool less than one token, is the
 -- caller's turn (see turn below); turn_us is "0" otherwise.
 --
 -- Invariant: as in lease.lua. Without keep_lease the caller gives up its
@@ -183,7 +183,8 @@ local eps = 1e-9
 -- tokens go to whoever asks first. Turns reach at most n - 1 refills past
 -- wait (one per instance), and fewer than the pool's burst holds, so that
 -- the pool cannot fill up and lose tokens while every caller waits.
--- A caller that asks again before its turn keeps it.
+-- Only the latest turn is kept (the "q" field): the caller that holds it
+-- keeps it if it asks again before it; any other caller is queued after it.
 local function turn(wait, size)
   local step = math.ceil(size * 1000000 / pool_rate)
   local ahead = math.max(0, math.min(n - 1, math.floor(pool_burst / size + eps) - 1))

@@ -29,8 +29,8 @@ type Take struct {
 	// second and the capacity in tokens of the key's pool as this call
 	// computed them; zero for TakeN.
 	PoolRate, PoolBurst float64
-	// Turn is, for an admission by TakeExact that left the pool short of
-	// another take of the same size, how long until this caller's turn to
+	// Turn is, for an admission by TakeExact that left the pool less than
+	// one token, how long until this caller's turn to
 	// take again (see TakeExact); zero otherwise, and always for TakeN.
 	Turn time.Duration
 	// Credit is, for TakeExact, the number of tokens handed to the caller

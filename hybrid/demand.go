@@ -78,9 +78,9 @@ func (w *demandWindow) restart(t instant, attempted int64) {
 	w.next, w.cold = 1, false
 }
 
-// first returns the sample the window opened or restarted with: its
-// oldest while nothing was recorded since.
-func (w *demandWindow) first() (instant, int64) { return w.at[0], int64(w.attempted[0]) }
+// opened returns when the window opened or restarted, its oldest sample
+// (slot 0) while nothing was recorded since.
+func (w *demandWindow) opened() instant { return w.at[0] }
 
 // lastAt is when the latest sample was recorded.
 func (w *demandWindow) lastAt() instant {

@@ -144,7 +144,7 @@ type lease struct {
 	granted, fair float64
 	until         instant // local end of the grant (yielded: of the record, certainly)
 	renewAt       instant // when the next request is due
-	askedAt       instant // yielded: when a peer last asked; held: when this instance last asked its peers
+	askedAt       instant // when a peer last asked this instance to yield the key (share placement: an ask that stands, see step)
 	lastWant      float64 // the want of the last request
 	sentAt        instant // when the last request went out
 	attemptedAt   int64   // the key's Attempted counter at sentAt
@@ -779,10 +779,14 @@ func (e *engine) freed(t time.Time, key string) {
 func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
 	life := e.t.uncontendedTTL * yieldLife
 	if d := le.demandNow * headroom; !denied && !le.wantsLease && le.measured && now.Sub(le.askedAt) < life/2 &&
-		d < le.granted*yieldLower && e.shares.Assign(now, st.Key, e.share(d), now.Add(2*life)) {
+		d < le.granted*yieldLower && le.demand.lastAt() == now && le.demand.since(0, st.Attempted) >= fallTokens &&
+		e.shares.Assign(now, st.Key, e.share(d), now.Add(2*life)) {
 		// It kept more than it needs (a young key yields on what its
 		// first requests showed): lower to what it measured, then say so,
 		// to Redis and to the peers (freed), which take the difference.
+		// Only at a measurement (once a second, see measure) resting on
+		// fallTokens decisions or more: a client's burst and the quiet
+		// after it say nothing of its rate.
 		le.granted, le.renewAt = d, now
 		e.frees = append(e.frees, st.Key)
 	}
@@ -1215,12 +1219,11 @@ func (e *engine) exactSuits(fair, want float64) bool {
 // would run its default share until then), while a key that has seen a
 // request or two keeps its share.
 func youngDemand(now instant, st *local.KeyStats, w *demandWindow) (float64, bool) {
-	from, attempted := w.first()
-	age := now.Sub(from)
+	age := now.Sub(w.opened())
 	if age < youngYieldAfter {
 		return 0, false
 	}
-	return (float64(st.Attempted-attempted) + youngSlack) / age.Seconds() * headroom, true
+	return (float64(w.since(0, st.Attempted)) + youngSlack) / age.Seconds() * headroom, true
 }
 
 // failed records that c, sent at sent, got no answer: the key tries again

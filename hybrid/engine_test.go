@@ -1094,10 +1094,11 @@ func youngAt450() float64 {
 }
 
 // TestEngineYieldedKeyLowers: a key that yielded young keeps what its
-// first requests showed; once its demand is measured over a second and
-// falls below yieldLower of that, it lowers to it with headroom, records
-// the lower yield at once, and tells the peers (freed), which may take the
-// difference.
+// first requests showed; once its demand is measured over a second on
+// fallTokens decisions or more and falls below yieldLower of that, it
+// lowers to it with headroom, records the lower yield at once, and tells
+// the peers (freed), which may take the difference. At 1 s its six
+// decisions are too few; at 2 s, eleven are enough.
 func TestEngineYieldedKeyLowers(t *testing.T) {
 	young := youngAt450()
 	y := func(at time.Duration, do op, share float64, calls ...req) step {
@@ -1110,14 +1111,17 @@ func TestEngineYieldedKeyLowers(t *testing.T) {
 		y(450*ms, recorded(), young),
 		y(450*ms, recordEnds(450*ms+eLife), young),
 	)
-	for _, s := range lowDemand()[13:] { // from 500 ms to 1 s
-		if s.at < time.Second || s.do.name != "tick" {
-			steps = append(steps, y(s.at, s.do, young))
+	steps = append(steps, y(500*ms, tick(), young))
+	for at := 550 * ms; at < 2*time.Second; at += eTick {
+		if at%(200*ms) == 0 {
+			steps = append(steps, y(at, decide(1), young))
 		}
+		steps = append(steps, y(at, tick(), young))
 	}
-	// Six decisions, five gaps over a second: 5.5/s with headroom.
+	// Eleven decisions, ten gaps over two seconds: 5.5/s with headroom.
+	steps = append(steps, y(2*time.Second, decide(1), young))
 	var frees [][]string
-	run(t, table{steps: append(steps, y(time.Second, tick(), 5.5, yielding(5.5))), after: func(r *rig, i int) {
+	run(t, table{steps: append(steps, y(2*time.Second, tick(), 5.5, yielding(5.5))), after: func(r *rig, i int) {
 		frees = append(frees, slices.Clone(r.eng.frees))
 	}})
 	if got := frees[len(frees)-1]; !slices.Equal(got, []string{"k"}) {

@@ -24,10 +24,13 @@ import (
 // below it. How the views may disagree, and why that never lets the shares
 // sum above the burst by more than invariant 1 allows:
 //
-//   - A member leaves, is declared dead, or is cut off by a partition: its
-//     name stays in everyone's window for PeakWindow, as N-hat does, so no
-//     rank moves (where ranks by the live names would restart from 0 on
-//     each side of a partition, and hand the remainder out twice).
+//   - A member is declared dead, or is cut off by a partition: its name
+//     stays in everyone's window for PeakWindow, as N-hat does, so no rank
+//     moves (where ranks by the live names would restart from 0 on each
+//     side of a partition, and hand the remainder out twice). A member
+//     that leaves gracefully (membership.View.Left: it stopped deciding
+//     first) is taken out of every sample at once: ranks and N-hat fall,
+//     as in the next case.
 //   - A name ages out of the window, or N-hat drops: ranks and N-hat only
 //     fall, and a default share grows only as they fall (it is a
 //     non-increasing function of both, see rankShare), so every instance

@@ -1,6 +1,11 @@
 package hybrid
 
-import "github.com/hybridlimit/hybridlimit/local"
+import (
+	"math"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/local"
+)
 
 // A key's demand is measured over the most recent window that holds at
 // least demandTokens tokens (or all its recorded history, demandSamples
@@ -69,6 +74,52 @@ func (w *demandWindow) falling(now instant, st *local.KeyStats, r float64) float
 	return got / elapsed
 }
 
+// from is the slot rate measures from: the latest recorded sample that
+// leaves at least demandTokens tokens in the window, or the oldest; -1 if
+// there is none.
+func (w *demandWindow) from(st *local.KeyStats) int {
+	from := -1
+	for i := 1; i <= demandSamples; i++ {
+		slot := (int(w.next) - i + demandSamples) % demandSamples
+		if w.at[slot].IsZero() {
+			break
+		}
+		from = slot
+		if w.since(slot, st.Attempted) >= demandTokens {
+			break
+		}
+	}
+	return from
+}
+
+// counted returns what rate measures over at now: the tokens asked for
+// since the sample it measures from, and the time since that sample.
+func (w *demandWindow) counted(now instant, st *local.KeyStats) (tokens int64, span time.Duration) {
+	from := w.from(st)
+	if from < 0 || !now.After(w.at[from]) {
+		return 0, 0
+	}
+	return w.since(from, st.Attempted), now.Sub(w.at[from])
+}
+
+// surelyBelow reports whether tokens asked for over span show a demand
+// below perSec beyond chance: fewer than a Poisson count at perSec would
+// fall to but once in forty (two standard deviations below its mean). A
+// key whose requests are few per second needs seconds to show it; one
+// that sees a request or two over the window never does, however they
+// fall.
+func surelyBelow(tokens int64, span time.Duration, perSec float64) bool {
+	m := perSec * span.Seconds()
+	return float64(tokens) < m-2*math.Sqrt(m)
+}
+
+// surelyAbove reports whether tokens asked for over span show a demand
+// above perSec beyond chance, as surelyBelow.
+func surelyAbove(tokens int64, span time.Duration, perSec float64) bool {
+	m := perSec * span.Seconds()
+	return float64(tokens) > m+2*math.Sqrt(m)
+}
+
 // restart forgets the window and starts it anew at t, with the key's
 // Attempted counter then.
 func (w *demandWindow) restart(t instant, attempted int64) {
@@ -92,17 +143,7 @@ func (w *demandWindow) lastAt() instant {
 // tokens in the window, or to the oldest one. def is the key's default
 // share, the most a key with one request so far is taken to want.
 func (w *demandWindow) rate(now instant, st *local.KeyStats, def float64) float64 {
-	from := -1 // the slot measured from
-	for i := 1; i <= demandSamples; i++ {
-		slot := (int(w.next) - i + demandSamples) % demandSamples
-		if w.at[slot].IsZero() {
-			break
-		}
-		from = slot
-		if w.since(slot, st.Attempted) >= demandTokens {
-			break
-		}
-	}
+	from := w.from(st)
 	if from < 0 || !now.After(w.at[from]) {
 		return 0
 	}

@@ -27,3 +27,35 @@ func TestDemandWindowCounterWraps(t *testing.T) {
 		}
 	}
 }
+
+// TestSurelyBelowAndAbove: a count is below or above a rate only beyond
+// two standard deviations of a Poisson count at that rate, so that sparse
+// keys need seconds to show either, and a request or two never does.
+func TestSurelyBelowAndAbove(t *testing.T) {
+	for _, c := range []struct {
+		tokens       int64
+		span         time.Duration
+		perSec       float64
+		below, above bool
+	}{
+		// 1/s over 2.4 s: mean 2.4, two deviations 3.1 — nothing is
+		// surely below it, and 6 tokens are surely above.
+		{0, 2400 * time.Millisecond, 1, false, false},
+		{5, 2400 * time.Millisecond, 1, false, false},
+		{6, 2400 * time.Millisecond, 1, false, true},
+		// 11.4/s over 2.7 s: mean 30.8, deviation 5.5.
+		{19, 2700 * time.Millisecond, 11.4, true, false},
+		{20, 2700 * time.Millisecond, 11.4, false, false},
+		{41, 2700 * time.Millisecond, 11.4, false, false},
+		{42, 2700 * time.Millisecond, 11.4, false, true},
+		// No time, no evidence.
+		{0, 0, 8, false, false},
+	} {
+		if got := surelyBelow(c.tokens, c.span, c.perSec); got != c.below {
+			t.Errorf("surelyBelow(%d, %v, %v) = %v, want %v", c.tokens, c.span, c.perSec, got, c.below)
+		}
+		if got := surelyAbove(c.tokens, c.span, c.perSec); got != c.above {
+			t.Errorf("surelyAbove(%d, %v, %v) = %v, want %v", c.tokens, c.span, c.perSec, got, c.above)
+		}
+	}
+}

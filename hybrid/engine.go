@@ -282,7 +282,7 @@ const (
 	// admits as well for far fewer commands.
 	exactBurstBelow  = 3
 	exactDemandUpTo  = 3
-	exactLeaveBelow  = 0.5 // an exact key whose demand falls below this part of its default share leaves the exact placement
+	exactLeaveBelow  = 0.5 // an exact key whose demand falls below this part of its default share (beyond chance, with split bursts) leaves the exact placement
 	exactLeaseAbove  = 4.0 // ... and so does one whose demand is above this many default shares, for a lease
 	askPeersAfterGap = 0.9 // a held key asks its peers to yield when its grant is below this part of its want
 	maxAskGap        = 64  // ticks: the longest a key that asks its peers waits to look again
@@ -821,9 +821,9 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 		return calls
 	}
 	d := le.demand.rate(now, st, def)
+	tokens, span := le.demand.counted(now, st)
 	le.demand.record(now, st.Attempted)
 	le.renewAt = now.Add(e.t.contendedTTL / renewDivisor)
-	heavy := d > def*exactLeaseAbove
 	if e.exactBursts {
 		// Exact is where these keys live. They move to a lease after the
 		// same pause as below.
@@ -843,7 +843,14 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 		le.renewAt = now
 		return e.stepLeaving(now, n, def, st, le, calls)
 	}
-	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && d*headroom >= def*exactLeaveBelow && !heavy {
+	// Light or heavy only beyond chance (surelyBelow): a key that wants a
+	// few requests a second, sprayed over the instances, sees a second
+	// here with a request or none now and then, and each move out and
+	// back costs it the pool's burst and Redis three commands. A key too
+	// sparse to show either leaves once idle.
+	light := d*headroom < def*exactLeaveBelow && surelyBelow(tokens, span, def*exactLeaveBelow/headroom)
+	heavy := d > def*exactLeaseAbove && surelyAbove(tokens, span, def*exactLeaseAbove)
+	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && !light && !heavy {
 		return calls
 	}
 	// Idle, or so light that its share serves it, or so heavy that a

@@ -1,9 +1,10 @@
 package membership
 
 import (
-	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -202,8 +203,15 @@ type Memberlist struct {
 	leaving      atomic.Bool // set when a graceful Close starts; see NodeMeta
 	started      atomic.Bool // set once ml is, for delegates that run before
 
+	// incarnation tells this process from an earlier or later one of the
+	// same name: random, fixed at Join. The others learn it from this
+	// node's metadata; its leaving notice carries it.
+	incarnation string
+
 	leavingMu sync.Mutex
-	heard     map[string]struct{} // guarded by leavingMu: members that said they are leaving
+	incs      map[string]string    // guarded by leavingMu: every other member's incarnation, from its metadata
+	heard     map[string]string    // guarded by leavingMu: members that said they are leaving, with the incarnation that said so
+	gone      map[string]departure // guarded by leavingMu: members that left lately, for their late notices
 
 	// addrs holds the address of every other member, as the event delegate
 	// last saw it. Messages go to these copies, never to memberlist's own
@@ -286,6 +294,7 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 		maxRetryInterval: cfg.MaxRetryInterval,
 		changed:          make(chan struct{}, 1),
 		in:               newInbox(),
+		incarnation:      newIncarnation(),
 	}
 	if m.maxRetryInterval == 0 {
 		m.maxRetryInterval = max(DefaultMaxRetryInterval, m.retryInterval)
@@ -542,7 +551,28 @@ type eventDelegate struct{ m *Memberlist }
 
 func (d eventDelegate) NotifyUpdate(n *memberlist.Node) {
 	d.m.setAddr(n)
+	d.m.setIncarnation(n)
 	d.m.nt.signal()
+}
+
+// setIncarnation records the incarnation in member n's metadata, read
+// while memberlist holds the lock under which it calls its event delegate.
+// A member whose incarnation changed is another process: what its
+// predecessor said no longer holds.
+func (m *Memberlist) setIncarnation(n *memberlist.Node) {
+	if n.Name == m.name {
+		return
+	}
+	inc, _ := parseMeta(n.Meta)
+	m.leavingMu.Lock()
+	defer m.leavingMu.Unlock()
+	if m.incs == nil {
+		m.incs = make(map[string]string)
+	}
+	if old, ok := m.incs[n.Name]; ok && old != inc {
+		delete(m.heard, n.Name)
+	}
+	m.incs[n.Name] = inc
 }
 
 // setAddr keeps the address of member n, read while memberlist holds the
@@ -584,6 +614,7 @@ func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
 	d.m.leavingMu.Lock()
 	delete(d.m.heard, n.Name)
 	d.m.leavingMu.Unlock()
+	d.m.setIncarnation(n)
 	d.m.membersChanged()
 }
 
@@ -598,51 +629,135 @@ func (d eventDelegate) NotifyLeave(n *memberlist.Node) {
 	d.m.addrsMu.Lock()
 	delete(d.m.addrs, n.Name)
 	d.m.addrsMu.Unlock()
+	inc, leaving := parseMeta(n.Meta)
 	d.m.leavingMu.Lock()
 	_, heard := d.m.heard[n.Name]
+	graceful := (heard || leaving) && n.Name != d.m.name
 	delete(d.m.heard, n.Name)
+	delete(d.m.incs, n.Name)
+	if n.Name != d.m.name {
+		d.m.departed(n.Name, departure{inc: inc, graceful: graceful, at: time.Now()})
+	}
 	d.m.leavingMu.Unlock()
-	if (heard || bytes.Equal(n.Meta, metaLeaving)) && n.Name != d.m.name {
+	if graceful {
 		d.m.nt.left(n.Name)
 	}
 	d.m.membersChanged()
 }
 
-// heardLeaving records a notice that the node named name is leaving. A
-// notice that arrives after this node already took the departure for a
+// departure is what a node remembers of a member that left: its
+// incarnation then, whether its leave was reported as graceful, and when.
+type departure struct {
+	inc      string
+	graceful bool
+	at       time.Time
+}
+
+// goneFor is how long a node remembers a departed member for its late
+// leaving notice: far longer than a packet is ever late, short enough that
+// a cluster whose members come and go under fresh names keeps few. A
+// notice later than that leaves the departure a failure: the safe side.
+const goneFor = time.Minute
+
+// departed records d, the departure of the member named name, and forgets
+// departures older than goneFor. Requires leavingMu held.
+func (m *Memberlist) departed(name string, d departure) {
+	if m.gone == nil {
+		m.gone = make(map[string]departure)
+	}
+	for k, g := range m.gone {
+		if d.at.Sub(g.at) > goneFor {
+			delete(m.gone, k)
+		}
+	}
+	m.gone[name] = d
+}
+
+// heardLeaving records a notice that the node named name, in incarnation
+// inc, is leaving. Only the process that sent it is meant: a notice from
+// an earlier process of that name (a late or repeated packet, arriving
+// after a new process took the name) says nothing of the one there now.
+// A notice that arrives after this node already took the departure for a
 // failure (its packet overtaken by the goodbye or by failure detection)
-// reports the leave then: the leaver had stopped its work before sending
-// it, so counting it out late is as safe as on time.
-func (m *Memberlist) heardLeaving(name string) {
+// reports the leave then, once: the leaver had stopped its work before
+// sending it, so counting it out late is as safe as on time. A notice
+// from a node this node never saw is dropped: there is nothing to count
+// out.
+func (m *Memberlist) heardLeaving(name, inc string) {
 	if name == m.name {
 		return
 	}
-	if m.started.Load() && !slices.Contains(m.Members(), name) {
-		m.nt.left(name)
-		m.membersChanged()
+	m.leavingMu.Lock()
+	if cur, ok := m.incs[name]; ok {
+		if cur == inc {
+			if m.heard == nil {
+				m.heard = make(map[string]string)
+			}
+			m.heard[name] = inc
+		}
+		m.leavingMu.Unlock()
 		return
 	}
-	m.leavingMu.Lock()
-	defer m.leavingMu.Unlock()
-	if m.heard == nil {
-		m.heard = make(map[string]struct{})
+	g, ok := m.gone[name]
+	late := ok && g.inc == inc && !g.graceful
+	if late {
+		g.graceful = true
+		m.gone[name] = g
 	}
-	m.heard[name] = struct{}{}
+	m.leavingMu.Unlock()
+	if late {
+		m.nt.left(name)
+		m.membersChanged()
+	}
 }
 
 // announceLeaving sends every other member this node believes alive a
 // notice that it is leaving, best effort, one UDP packet each.
 func (m *Memberlist) announceLeaving() {
-	notice := appendLeaving(nil, m.name)
+	notice := appendLeaving(nil, m.name, m.incarnation)
 	for _, a := range m.peers("") {
 		_ = m.ml.SendToAddress(a, notice) // the metadata is the fallback
 	}
 }
 
-// metaLeaving is a node's memberlist metadata once its Close has started:
-// the other members then report its departure as graceful. A node's
-// metadata is empty otherwise.
-var metaLeaving = []byte("hybridlimit:leaving")
+// A node's memberlist metadata is metaPrefix and its incarnation, or,
+// once its Close has started, metaLeaving and its incarnation: the other
+// members then report its departure as graceful.
+const (
+	metaPrefix  = "hybridlimit:"
+	metaLeaving = "hybridlimit:leaving:"
+	// maxIncarnation bounds an incarnation read from the wire.
+	maxIncarnation = 64
+)
+
+// appendMeta appends the metadata of a node in incarnation inc, leaving or
+// not.
+func appendMeta(dst []byte, inc string, leaving bool) []byte {
+	if leaving {
+		return append(append(dst, metaLeaving...), inc...)
+	}
+	return append(append(dst, metaPrefix...), inc...)
+}
+
+// parseMeta returns the incarnation in a node's metadata, and whether the
+// node is leaving. Metadata it does not know (none, or another program's)
+// gives the empty incarnation, not leaving.
+func parseMeta(b []byte) (inc string, leaving bool) {
+	switch s := string(b); {
+	case strings.HasPrefix(s, metaLeaving):
+		return s[len(metaLeaving):], true
+	case strings.HasPrefix(s, metaPrefix):
+		return s[len(metaPrefix):], false
+	}
+	return "", false
+}
+
+// newIncarnation returns a fresh random incarnation: 16 hexadecimal digits.
+func newIncarnation() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24)
+	return hex.EncodeToString(b[:])
+}
 
 func (m *Memberlist) membersChanged() {
 	m.nt.signal()
@@ -740,9 +855,9 @@ func (m *Memberlist) Dropped() uint64 { return m.in.dropped.Load() }
 type messageDelegate struct{ m *Memberlist }
 
 func (d messageDelegate) NotifyMsg(b []byte) {
-	if from, ok := parseLeaving(b); ok {
+	if from, inc, ok := parseLeaving(b); ok {
 		if string(from) != d.m.name {
-			d.m.heardLeaving(string(from))
+			d.m.heardLeaving(string(from), string(inc))
 		}
 		return
 	}
@@ -754,12 +869,10 @@ func (d messageDelegate) NotifyMsg(b []byte) {
 	d.m.in.deliver(string(from), msg)
 }
 
-// NodeMeta is metaLeaving once Close has started, and empty before.
+// NodeMeta is the node's incarnation, marked leaving once Close has
+// started (see appendMeta).
 func (d messageDelegate) NodeMeta(limit int) []byte {
-	if d.m.leaving.Load() {
-		return metaLeaving
-	}
-	return nil
+	return appendMeta(nil, d.m.incarnation, d.m.leaving.Load())
 }
 
 func (messageDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }

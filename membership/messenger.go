@@ -107,31 +107,39 @@ func appendFrame(dst []byte, from string, msg []byte) []byte {
 }
 
 // frameLeaving is the first byte of a node's notice that it is leaving
-// (see Memberlist.close): the sender's name follows as in appendFrame,
-// with no message. It is far from frameVersion, so that later versions of
-// the message frame keep the small numbers; nodes that know only
-// frameVersion drop it.
+// (see Memberlist.close): the sender's name follows as in appendFrame, then
+// its incarnation (see Memberlist.incarnation), the rest of the packet. It
+// is far from frameVersion, so that later versions of the message frame
+// keep the small numbers; nodes that know only frameVersion drop it.
 const frameLeaving = 0x80
 
-// appendLeaving appends the wire form of from's notice that it is leaving.
-func appendLeaving(dst []byte, from string) []byte {
+// appendLeaving appends the wire form of the notice that from, in its
+// incarnation inc, is leaving.
+func appendLeaving(dst []byte, from, inc string) []byte {
 	dst = append(dst, frameLeaving)
 	dst = binary.AppendUvarint(dst, uint64(len(from)))
-	return append(dst, from...)
+	dst = append(dst, from...)
+	return append(dst, inc...)
 }
 
-// parseLeaving returns the sender of a notice made by appendLeaving, and
-// false for anything else.
-func parseLeaving(b []byte) (from []byte, ok bool) {
+// parseLeaving returns the sender of a notice made by appendLeaving and
+// its incarnation, and false for anything else (a notice without an
+// incarnation included: a process's notice must not be taken for another
+// one's of the same name).
+func parseLeaving(b []byte) (from, inc []byte, ok bool) {
 	if len(b) < 1 || b[0] != frameLeaving {
-		return nil, false
+		return nil, nil, false
 	}
 	b = b[1:]
 	n, k := binary.Uvarint(b)
-	if k <= 0 || n == 0 || n > MaxNameLength || n != uint64(len(b)-k) {
-		return nil, false
+	if k <= 0 || n == 0 || n > MaxNameLength || n >= uint64(len(b)-k) {
+		return nil, nil, false
 	}
-	return b[k:], true
+	inc = b[k+int(n):]
+	if len(inc) > maxIncarnation {
+		return nil, nil, false
+	}
+	return b[k : k+int(n)], inc, true
 }
 
 // parseFrame splits a frame made by appendFrame. It reports false for

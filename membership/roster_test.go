@@ -233,38 +233,68 @@ func TestMemberlistPartitionIsNotALeave(t *testing.T) {
 	}
 }
 
-// TestParseLeaving: a leaving notice carries its sender's name and nothing
-// else, and is never mistaken for a message (nor a message for a notice).
+// TestParseLeaving: a leaving notice carries its sender's name and
+// incarnation and nothing else, and is never mistaken for a message (nor a
+// message for a notice).
 func TestParseLeaving(t *testing.T) {
 	long := strings.Repeat("x", MaxNameLength+1)
+	const inc = "0123456789abcdef"
 	for _, tc := range []struct {
-		name string
-		b    []byte
-		want string // "" when the notice must be refused
+		name      string
+		b         []byte
+		from, inc string // from "" when the notice must be refused
 	}{
-		{"notice", appendLeaving(nil, "api-1"), "api-1"},
-		{"longest name", appendLeaving(nil, long[:MaxNameLength]), long[:MaxNameLength]},
-		{"name too long", appendLeaving(nil, long), ""},
-		{"empty name", appendLeaving(nil, ""), ""},
-		{"trailing bytes", append(appendLeaving(nil, "api-1"), 'x'), ""},
-		{"truncated", appendLeaving(nil, "api-1")[:4], ""},
-		{"a message", appendFrame(nil, "api-1", []byte("hi")), ""},
-		{"empty", nil, ""},
+		{"notice", appendLeaving(nil, "api-1", inc), "api-1", inc},
+		{"longest name", appendLeaving(nil, long[:MaxNameLength], inc), long[:MaxNameLength], inc},
+		{"longest incarnation", appendLeaving(nil, "api-1", long[:maxIncarnation]), "api-1", long[:maxIncarnation]},
+		{"incarnation too long", appendLeaving(nil, "api-1", long[:maxIncarnation+1]), "", ""},
+		{"no incarnation", appendLeaving(nil, "api-1", ""), "", ""},
+		{"name too long", appendLeaving(nil, long, inc), "", ""},
+		{"empty name", appendLeaving(nil, "", inc), "", ""},
+		{"truncated", appendLeaving(nil, "api-1", inc)[:4], "", ""},
+		{"a message", appendFrame(nil, "api-1", []byte("hi")), "", ""},
+		{"empty", nil, "", ""},
 	} {
-		from, ok := parseLeaving(tc.b)
-		if got := string(from); ok != (tc.want != "") || got != tc.want {
-			t.Errorf("%s: parseLeaving = %q, %v; want %q", tc.name, got, ok, tc.want)
+		from, gotInc, ok := parseLeaving(tc.b)
+		if ok != (tc.from != "") || string(from) != tc.from || string(gotInc) != tc.inc {
+			t.Errorf("%s: parseLeaving = %q, %q, %v; want %q, %q", tc.name, from, gotInc, ok, tc.from, tc.inc)
 		}
 	}
-	if _, _, ok := parseFrame(appendLeaving(nil, "api-1")); ok {
+	if _, _, ok := parseFrame(appendLeaving(nil, "api-1", inc)); ok {
 		t.Error("parseFrame accepted a leaving notice")
+	}
+}
+
+// TestParseMeta: a node's metadata carries its incarnation and whether it
+// is leaving; metadata of another kind carries neither.
+func TestParseMeta(t *testing.T) {
+	for _, tc := range []struct {
+		b       []byte
+		inc     string
+		leaving bool
+	}{
+		{appendMeta(nil, "abc", false), "abc", false},
+		{appendMeta(nil, "abc", true), "abc", true},
+		{nil, "", false},
+		// An earlier version's leaving metadata, without an incarnation:
+		// not understood, so its departure stays a failure (the safe side).
+		{[]byte("hybridlimit:leaving"), "leaving", false},
+		{[]byte("other"), "", false},
+	} {
+		if inc, leaving := parseMeta(tc.b); inc != tc.inc || leaving != tc.leaving {
+			t.Errorf("parseMeta(%q) = %q, %v; want %q, %v", tc.b, inc, leaving, tc.inc, tc.leaving)
+		}
+	}
+	if a, b := newIncarnation(), newIncarnation(); len(a) != 16 || a == b {
+		t.Errorf("newIncarnation() = %q then %q: want 16 digits, fresh each time", a, b)
 	}
 }
 
 // TestMemberlistLateLeavingNotice: a leaving notice that arrives after its
 // sender's departure was already taken for a failure (the packet overtaken
-// by the goodbye, or by failure detection) still reports the leave, once;
-// one about a member still alive only waits for its departure.
+// by the goodbye, or by failure detection) still reports the leave, once,
+// however often it arrives; one about a member still alive only waits for
+// its departure; one from a node never seen is dropped.
 func TestMemberlistLateLeavingNotice(t *testing.T) {
 	t.Cleanup(func() { verifyNoLeaks(t) })
 	n1 := startNode(t, "n1", nil)
@@ -273,13 +303,66 @@ func TestMemberlistLateLeavingNotice(t *testing.T) {
 	var r viewRecorder
 	stop := n1.WatchView(r.fn)
 	defer stop()
+	notice := func(name, inc string) { messageDelegate{n1}.NotifyMsg(appendLeaving(nil, name, inc)) }
 
-	n1.heardLeaving("n2") // alive: recorded, not reported
-	n1.heardLeaving("gone")
+	notice("never-seen", "0123456789abcdef") // nothing to count out
+	if err := n2.close(false); err != nil {  // a crash: its notice is late
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "n1 sees n2 fail", func() bool { return n1.Count() == 1 })
+	if got := r.left(); len(got) != 0 {
+		t.Fatalf("Left = %v before any notice, want none: a crash is a failure", got)
+	}
+	notice("n2", n2.incarnation)
 	eventually(t, 3*time.Second, "n1 reports the late notice's sender as left", func() bool {
-		return slices.Equal(r.left(), []string{"gone"})
+		return slices.Equal(r.left(), []string{"n2"})
 	})
-	if v, _ := r.last(); v.Count != 2 {
-		t.Errorf("last View %+v: want n2 still counted", v)
+	notice("n2", n2.incarnation) // the same notice again: already reported
+	n3 := startNode(t, "n3", nil, n1.Addr())
+	waitCount(t, 15*time.Second, 2, n1, n3)
+	notice("n3", n3.incarnation) // alive: recorded, not reported
+	if err := n3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 3*time.Second, "n1 reports n3 as left", func() bool {
+		return slices.Equal(r.left(), []string{"n2", "n3"})
+	})
+	if v, _ := r.last(); v.Count != 1 {
+		t.Errorf("last View %+v: want n1 alone", v)
+	}
+}
+
+// TestMemberlistStaleNoticeThenCrash: a crash of the process that now has
+// a name is a failure even if a notice of an earlier process of that name
+// arrived while it was alive (without incarnations, the stale notice made
+// the crash a graceful leave, counted out at once).
+func TestMemberlistStaleNoticeThenCrash(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	n1 := startNode(t, "n1", nil)
+	n2 := startNode(t, "n2", nil, n1.Addr())
+	waitCount(t, 15*time.Second, 2, n1, n2)
+	old := n2.incarnation
+	if err := n2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var r viewRecorder
+	stop := n1.WatchView(r.fn)
+	defer stop()
+	eventually(t, 15*time.Second, "n1 sees n2 leave", func() bool { return n1.Count() == 1 })
+	n2b := startNode(t, "n2", nil, n1.Addr())
+	waitCount(t, 15*time.Second, 2, n1, n2b)
+	eventually(t, 3*time.Second, "n1 knows the new n2's incarnation", func() bool {
+		n1.leavingMu.Lock()
+		defer n1.leavingMu.Unlock()
+		return n1.incs["n2"] == n2b.incarnation
+	})
+	left := len(r.left())
+	messageDelegate{n1}.NotifyMsg(appendLeaving(nil, "n2", old))
+	if err := n2b.close(false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "n1 sees the new n2 fail", func() bool { return n1.Count() == 1 })
+	if got := r.left()[left:]; len(got) != 0 {
+		t.Errorf("the crash was reported as a graceful leave (%v): a stale notice counted for it", got)
 	}
 }

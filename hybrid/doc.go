@@ -33,5 +33,8 @@
 // exact and expensive design.
 //
 // Read engine.go first: the placement policy as a clock-free state machine,
-// tested with step tables in engine_test.go.
+// tested with step tables in engine_test.go. PLACEMENT.md, next to it, lists
+// the rules the code adds to the project's design (turns, credit, drain,
+// ranks, young yields, chance tests), what was measured and not kept, and
+// the known gaps.
 package hybrid

@@ -201,25 +201,21 @@ type Memberlist struct {
 	in           *inbox      // messages received, for Receive
 	closed       atomic.Bool // set when Close starts; Broadcast and Send refuse
 	leaving      atomic.Bool // set when a graceful Close starts; see NodeMeta
-	started      atomic.Bool // set once ml is, for delegates that run before
 
 	// incarnation tells this process from an earlier or later one of the
 	// same name: random, fixed at Join. The others learn it from this
 	// node's metadata; its leaving notice carries it.
 	incarnation string
 
-	leavingMu sync.Mutex
-	incs      map[string]string    // guarded by leavingMu: every other member's incarnation, from its metadata
-	heard     map[string]string    // guarded by leavingMu: members that said they are leaving, with the incarnation that said so
-	gone      map[string]departure // guarded by leavingMu: members that left lately, for their late notices
-
-	// addrs holds the address of every other member, as the event delegate
-	// last saw it. Messages go to these copies, never to memberlist's own
-	// *Node, whose fields memberlist rewrites under its lock (a member's
-	// metadata update rewrites its address too) while a send would read
-	// them without it.
-	addrsMu sync.Mutex
-	addrs   map[string]memberlist.Address // guarded by addrsMu
+	// peers holds every other member as the event delegate last saw it,
+	// gone the members that left lately, for their late notices.
+	// Messages go to the copies of the addresses in peers, never to
+	// memberlist's own *Node, whose fields memberlist rewrites under its
+	// lock (a member's metadata update rewrites its address too) while a
+	// send would read them without it.
+	peersMu sync.Mutex
+	peers   map[string]peer      // guarded by peersMu
+	gone    map[string]departure // guarded by peersMu
 
 	// Joining the seeds, at Join and in the background.
 	seeds            []seed
@@ -312,7 +308,6 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 		return nil, fmt.Errorf("%w %q: %w", ErrStart, conf.Name, err)
 	}
 	m.ml = ml
-	m.started.Store(true) // m.ml may be read by the delegates from now on
 	node := ml.LocalNode()
 	m.addr = net.JoinHostPort(node.Addr.String(), strconv.Itoa(int(node.Port)))
 
@@ -550,71 +545,68 @@ func (m *Memberlist) close(leave bool) error {
 type eventDelegate struct{ m *Memberlist }
 
 func (d eventDelegate) NotifyUpdate(n *memberlist.Node) {
-	d.m.setAddr(n)
-	d.m.setIncarnation(n)
+	d.m.setPeer(n)
 	d.m.nt.signal()
 }
 
-// setIncarnation records the incarnation in member n's metadata, read
-// while memberlist holds the lock under which it calls its event delegate.
-// A member whose incarnation changed is another process: what its
+// peer is another member as this node knows it: its address, its
+// incarnation (from its metadata), and whether a notice from that
+// incarnation said it is leaving.
+type peer struct {
+	addr    memberlist.Address
+	inc     string
+	leaving bool
+}
+
+// setPeer records member n's address and incarnation, read while
+// memberlist holds the lock under which it calls its event delegate. A
+// member whose incarnation changed is another process: what its
 // predecessor said no longer holds.
-func (m *Memberlist) setIncarnation(n *memberlist.Node) {
+func (m *Memberlist) setPeer(n *memberlist.Node) {
 	if n.Name == m.name {
 		return
 	}
 	inc, _ := parseMeta(n.Meta)
-	m.leavingMu.Lock()
-	defer m.leavingMu.Unlock()
-	if m.incs == nil {
-		m.incs = make(map[string]string)
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
+	if m.peers == nil {
+		m.peers = make(map[string]peer)
 	}
-	if old, ok := m.incs[n.Name]; ok && old != inc {
-		delete(m.heard, n.Name)
+	p := m.peers[n.Name]
+	p.addr = memberlist.Address{Addr: n.Address(), Name: n.Name}
+	if p.inc != inc {
+		p.inc, p.leaving = inc, false
 	}
-	m.incs[n.Name] = inc
+	m.peers[n.Name] = p
 }
 
-// setAddr keeps the address of member n, read while memberlist holds the
-// lock under which it calls its event delegate.
-func (m *Memberlist) setAddr(n *memberlist.Node) {
-	if n.Name == m.name {
-		return
-	}
-	m.addrsMu.Lock()
-	defer m.addrsMu.Unlock()
-	if m.addrs == nil {
-		m.addrs = make(map[string]memberlist.Address)
-	}
-	m.addrs[n.Name] = memberlist.Address{Addr: n.Address(), Name: n.Name}
-}
-
-// peers returns the addresses of the other members, or, if to is not
+// addresses returns the addresses of the other members, or, if to is not
 // empty, of the member named to only.
-func (m *Memberlist) peers(to string) []memberlist.Address {
-	m.addrsMu.Lock()
-	defer m.addrsMu.Unlock()
+func (m *Memberlist) addresses(to string) []memberlist.Address {
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
 	if to != "" {
-		if a, ok := m.addrs[to]; ok {
-			return []memberlist.Address{a}
+		if p, ok := m.peers[to]; ok {
+			return []memberlist.Address{p.addr}
 		}
 		return nil
 	}
-	out := make([]memberlist.Address, 0, len(m.addrs))
-	for _, a := range m.addrs {
-		out = append(out, a)
+	out := make([]memberlist.Address, 0, len(m.peers))
+	for _, p := range m.peers {
+		out = append(out, p.addr)
 	}
 	return out
 }
 
-// NotifyJoin forgets a notice that a node of that name was leaving: a node
-// that joins is a new process, or one that came back.
+// NotifyJoin records a member that joins: a new process, or one that came
+// back, which has said nothing yet.
 func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
-	d.m.setAddr(n)
-	d.m.leavingMu.Lock()
-	delete(d.m.heard, n.Name)
-	d.m.leavingMu.Unlock()
-	d.m.setIncarnation(n)
+	if n.Name != d.m.name {
+		d.m.peersMu.Lock()
+		delete(d.m.peers, n.Name)
+		d.m.peersMu.Unlock()
+	}
+	d.m.setPeer(n)
 	d.m.membersChanged()
 }
 
@@ -626,19 +618,17 @@ func (d eventDelegate) NotifyJoin(n *memberlist.Node) {
 // its goodbye. A node that never said so, or whose word did not arrive
 // before its departure, is a failure, whatever the cause.
 func (d eventDelegate) NotifyLeave(n *memberlist.Node) {
-	d.m.addrsMu.Lock()
-	delete(d.m.addrs, n.Name)
-	d.m.addrsMu.Unlock()
-	inc, leaving := parseMeta(n.Meta)
-	d.m.leavingMu.Lock()
-	_, heard := d.m.heard[n.Name]
-	graceful := (heard || leaving) && n.Name != d.m.name
-	delete(d.m.heard, n.Name)
-	delete(d.m.incs, n.Name)
-	if n.Name != d.m.name {
-		d.m.departed(n.Name, departure{inc: inc, graceful: graceful, at: time.Now()})
+	if n.Name == d.m.name {
+		d.m.membersChanged()
+		return
 	}
-	d.m.leavingMu.Unlock()
+	inc, leaving := parseMeta(n.Meta)
+	d.m.peersMu.Lock()
+	p := d.m.peers[n.Name]
+	graceful := leaving || p.leaving
+	delete(d.m.peers, n.Name)
+	d.m.departed(n.Name, departure{inc: inc, graceful: graceful, at: time.Now()})
+	d.m.peersMu.Unlock()
 	if graceful {
 		d.m.nt.left(n.Name)
 	}
@@ -660,7 +650,7 @@ type departure struct {
 const goneFor = time.Minute
 
 // departed records d, the departure of the member named name, and forgets
-// departures older than goneFor. Requires leavingMu held.
+// departures older than goneFor. Requires peersMu held.
 func (m *Memberlist) departed(name string, d departure) {
 	if m.gone == nil {
 		m.gone = make(map[string]departure)
@@ -687,15 +677,13 @@ func (m *Memberlist) heardLeaving(name, inc string) {
 	if name == m.name {
 		return
 	}
-	m.leavingMu.Lock()
-	if cur, ok := m.incs[name]; ok {
-		if cur == inc {
-			if m.heard == nil {
-				m.heard = make(map[string]string)
-			}
-			m.heard[name] = inc
+	m.peersMu.Lock()
+	if p, ok := m.peers[name]; ok {
+		if p.inc == inc {
+			p.leaving = true
+			m.peers[name] = p
 		}
-		m.leavingMu.Unlock()
+		m.peersMu.Unlock()
 		return
 	}
 	g, ok := m.gone[name]
@@ -704,7 +692,7 @@ func (m *Memberlist) heardLeaving(name, inc string) {
 		g.graceful = true
 		m.gone[name] = g
 	}
-	m.leavingMu.Unlock()
+	m.peersMu.Unlock()
 	if late {
 		m.nt.left(name)
 		m.membersChanged()
@@ -715,7 +703,7 @@ func (m *Memberlist) heardLeaving(name, inc string) {
 // notice that it is leaving, best effort, one UDP packet each.
 func (m *Memberlist) announceLeaving() {
 	notice := appendLeaving(nil, m.name, m.incarnation)
-	for _, a := range m.peers("") {
+	for _, a := range m.addresses("") {
 		_ = m.ml.SendToAddress(a, notice) // the metadata is the fallback
 	}
 }
@@ -804,7 +792,7 @@ func (m *Memberlist) Broadcast(msg []byte) error {
 	}
 	var frame []byte
 	var errs []error
-	for _, a := range m.peers("") {
+	for _, a := range m.addresses("") {
 		if frame == nil {
 			frame = appendFrame(nil, m.name, msg)
 		}
@@ -829,7 +817,7 @@ func (m *Memberlist) Send(to string, msg []byte) error {
 	if to == m.name {
 		return nil
 	}
-	for _, a := range m.peers(to) {
+	for _, a := range m.addresses(to) {
 		if err := m.ml.SendToAddress(a, appendFrame(nil, m.name, msg)); err != nil {
 			return fmt.Errorf("membership: send from %q to %q: %w", m.name, to, err)
 		}

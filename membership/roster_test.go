@@ -352,9 +352,9 @@ func TestMemberlistStaleNoticeThenCrash(t *testing.T) {
 	n2b := startNode(t, "n2", nil, n1.Addr())
 	waitCount(t, 15*time.Second, 2, n1, n2b)
 	eventually(t, 3*time.Second, "n1 knows the new n2's incarnation", func() bool {
-		n1.leavingMu.Lock()
-		defer n1.leavingMu.Unlock()
-		return n1.incs["n2"] == n2b.incarnation
+		n1.peersMu.Lock()
+		defer n1.peersMu.Unlock()
+		return n1.peers["n2"].inc == n2b.incarnation
 	})
 	left := len(r.left())
 	messageDelegate{n1}.NotifyMsg(appendLeaving(nil, "n2", old))

@@ -527,18 +527,26 @@ func (e *engine) exactDue(now instant, def float64, st *local.KeyStats) bool {
 	}
 	var w demandWindow
 	w.open(created)
-	return e.exactLeaves(w.rate(now, st, def), def)
+	tokens, span := w.counted(now, st)
+	return e.exactLeaves(w.rate(now, st, def), def, tokens, span)
 }
 
 // exactLeaves reports whether a key of a limit with exact bursts whose
-// demand is d leaves the exact placement for a lease, def being its
-// default share: a heavy one, and a steady one whose default share's part
-// of the burst splits well, where a lease admits as well for far fewer
-// commands.
-func (e *engine) exactLeaves(d, def float64) bool {
-	heavy := d > def*exactLeaseAbove
+// demand is d (tokens over span of its window) leaves the exact placement
+// for a lease, def being its default share: a heavy one, and a steady one
+// whose default share's part of the burst splits well, where a lease
+// admits as well for far fewer commands.
+func (e *engine) exactLeaves(d, def float64, tokens int64, span time.Duration) bool {
 	steady := d >= def*exactLeaveBelow && e.share(def).Burst >= exactBurstBelow
-	return heavy || steady
+	return exactHeavy(d, def, tokens, span) || steady
+}
+
+// exactHeavy reports whether an exact key whose demand is d, tokens over
+// span of its window, is heavy enough for a lease: above exactLeaseAbove
+// default shares def, beyond chance (surelyAbove). A few requests close
+// together on a young or sparse key measure a high rate that says nothing.
+func exactHeavy(d, def float64, tokens int64, span time.Duration) bool {
+	return d > def*exactLeaseAbove && surelyAbove(tokens, span, def*exactLeaseAbove)
 }
 
 // untrackedMarked returns the keys held here that are marked (decided in
@@ -827,7 +835,7 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	if e.exactBursts {
 		// Exact is where these keys live. They move to a lease after the
 		// same pause as below.
-		if !e.exactLeaves(d, def) {
+		if !e.exactLeaves(d, def, tokens, span) {
 			return calls
 		}
 		le.state = stateLeaving
@@ -849,7 +857,7 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	// back costs it the pool's burst and Redis three commands. A key too
 	// sparse to show either leaves once idle.
 	light := d*headroom < def*exactLeaveBelow && surelyBelow(tokens, span, def*exactLeaveBelow/headroom)
-	heavy := d > def*exactLeaseAbove && surelyAbove(tokens, span, def*exactLeaseAbove)
+	heavy := exactHeavy(d, def, tokens, span)
 	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && !light && !heavy {
 		return calls
 	}

@@ -1325,6 +1325,32 @@ func TestEngineExactStaysThroughAGap(t *testing.T) {
 	run(t, table{steps: steps})
 }
 
+// TestEngineExactHeavyLeaves: an exact key leaves for its share (and then
+// a lease) when its demand is above exactLeaseAbove default shares (100/s)
+// beyond chance, not when a client's burst makes a young key look heavy:
+// 77 decisions in its first 650 ms measure 120/s, within two deviations of
+// 100/s over that span; 127 are beyond them.
+func TestEngineExactHeavyLeaves(t *testing.T) {
+	ex := step{state: stateExact, none: true, mark: markExactDropLease}
+	t.Run("burst", func(t *testing.T) {
+		steps := append(exactSteps(), ticks(150*ms, 600*ms, ex)...)
+		steps = append(steps, step{at: 640 * ms, do: decide(70), state: stateExact, none: true, mark: markExactDropLease})
+		run(t, table{steps: append(steps, ticks(650*ms, 1000*ms, ex)...)})
+	})
+	t.Run("heavy", func(t *testing.T) {
+		steps := exactSteps()
+		for at := 150 * ms; at <= 600*ms; at += eTick {
+			steps = append(steps, step{at: at, do: decide(10), state: stateExact, none: true, mark: markExactDropLease})
+			ex.at, ex.do = at, tick()
+			steps = append(steps, ex)
+		}
+		run(t, table{steps: append(steps,
+			step{at: 650 * ms, do: decide(10), state: stateExact, none: true, mark: markExactDropLease},
+			step{at: 650 * ms, do: tick(), state: stateReleasing, none: true},
+		)})
+	})
+}
+
 // TestEngineExactDegraded: an exact key goes back to its default share,
 // unmarked, at the first tick of a degraded limit, for its outage policy;
 // when the limit recovers it releases its exact record at once (Redis

@@ -92,16 +92,6 @@ func (w *demandWindow) from(st *local.KeyStats) int {
 	return from
 }
 
-// counted returns what rate measures over at now: the tokens asked for
-// since the sample it measures from, and the time since that sample.
-func (w *demandWindow) counted(now instant, st *local.KeyStats) (tokens int64, span time.Duration) {
-	from := w.from(st)
-	if from < 0 || !now.After(w.at[from]) {
-		return 0, 0
-	}
-	return w.since(from, st.Attempted), now.Sub(w.at[from])
-}
-
 // surelyBelow reports whether tokens asked for over span show a demand
 // below perSec beyond chance: fewer than a Poisson count at perSec would
 // fall to but once in forty (two standard deviations below its mean). A
@@ -143,21 +133,29 @@ func (w *demandWindow) lastAt() instant {
 // tokens in the window, or to the oldest one. def is the key's default
 // share, the most a key with one request so far is taken to want.
 func (w *demandWindow) rate(now instant, st *local.KeyStats, def float64) float64 {
+	d, _, _ := w.measured(now, st, def)
+	return d
+}
+
+// measured is rate, with what it measured over: the tokens asked for since
+// the sample it measures from, and the time since that sample (none when
+// it measured nothing).
+func (w *demandWindow) measured(now instant, st *local.KeyStats, def float64) (d float64, tokens int64, span time.Duration) {
 	from := w.from(st)
 	if from < 0 || !now.After(w.at[from]) {
-		return 0
+		return 0, 0, 0
 	}
+	tokens, span = w.since(from, st.Attempted), now.Sub(w.at[from])
 	if !w.cold || from != 0 {
-		r := float64(w.since(from, st.Attempted)) / now.Sub(w.at[from]).Seconds()
-		return w.falling(now, st, r)
+		return w.falling(now, st, float64(tokens)/span.Seconds()), tokens, span
 	}
 	// The window opens with the key's first request: count the gaps
 	// between requests, not the requests, or a new key with a request every
 	// second looks like one with a request per tick.
-	since := now.Sub(w.at[from]).Seconds() // the cold sample is at st.Created
+	since := span.Seconds() // the cold sample is at st.Created
 	if st.Attempted <= 1 || !st.LastSeen.After(st.Created) {
-		return min(def, 1/since)
+		return min(def, 1/since), tokens, span
 	}
 	gaps := float64(st.Attempted-1) / st.LastSeen.Sub(st.Created).Seconds()
-	return min(gaps, float64(st.Attempted)/since)
+	return min(gaps, float64(st.Attempted)/since), tokens, span
 }

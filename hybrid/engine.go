@@ -527,8 +527,8 @@ func (e *engine) exactDue(now instant, def float64, st *local.KeyStats) bool {
 	}
 	var w demandWindow
 	w.open(created)
-	tokens, span := w.counted(now, st)
-	return e.exactLeaves(w.rate(now, st, def), def, tokens, span)
+	d, tokens, span := w.measured(now, st, def)
+	return e.exactLeaves(d, tokens, span, def)
 }
 
 // exactLeaves reports whether a key of a limit with exact bursts whose
@@ -536,7 +536,7 @@ func (e *engine) exactDue(now instant, def float64, st *local.KeyStats) bool {
 // for a lease, def being its default share: a heavy one, and a steady one
 // whose default share's part of the burst splits well, where a lease
 // admits as well for far fewer commands.
-func (e *engine) exactLeaves(d, def float64, tokens int64, span time.Duration) bool {
+func (e *engine) exactLeaves(d float64, tokens int64, span time.Duration, def float64) bool {
 	steady := d >= def*exactLeaveBelow && e.share(def).Burst >= exactBurstBelow
 	return exactHeavy(d, def, tokens, span) || steady
 }
@@ -828,14 +828,13 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	if now.Before(le.renewAt) {
 		return calls
 	}
-	d := le.demand.rate(now, st, def)
-	tokens, span := le.demand.counted(now, st)
+	d, tokens, span := le.demand.measured(now, st, def)
 	le.demand.record(now, st.Attempted)
 	le.renewAt = now.Add(e.t.contendedTTL / renewDivisor)
 	if e.exactBursts {
 		// Exact is where these keys live. They move to a lease after the
 		// same pause as below.
-		if !e.exactLeaves(d, def, tokens, span) {
+		if !e.exactLeaves(d, tokens, span, def) {
 			return calls
 		}
 		le.state = stateLeaving

@@ -321,6 +321,12 @@ func TestMemberlistLateLeavingNotice(t *testing.T) {
 	n3 := startNode(t, "n3", nil, n1.Addr())
 	waitCount(t, 15*time.Second, 2, n1, n3)
 	notice("n3", n3.incarnation) // alive: recorded, not reported
+	n1.peersMu.Lock()
+	recorded := n1.peers["n3"].leaving
+	n1.peersMu.Unlock()
+	if !recorded || !slices.Equal(r.left(), []string{"n2"}) {
+		t.Fatalf("n3's notice recorded %v, Left %v: want recorded, and n3 not reported while alive", recorded, r.left())
+	}
 	if err := n3.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,10 @@
 --                - unrecorded * rate/n (0 with exact_bursts), at least 0;
 --                while Redis lost leases ("lost"), at most rate/n for
 --                each exact user, what they gave;
---   pool_burst = burst * pool_rate / rate, less what the unrecorded hold
+--   pool_burst = burst less the parts of it the leases hold (their rates'
+--                parts, or the parts lease.lua granted them apart, see
+--                holds_burst) and unrecorded * burst/n (capped as
+--                pool_rate is while lost), less what the unrecorded hold
 --                of the burst's remainder: the default bursts are
 --                floor(burst/n), plus one token for the instances whose
 --                rank is below burst mod n, and Redis does not know the
@@ -95,7 +98,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
 local share = rate / n
 
-local h = read_hash(redis.call('HGETALL', key), inst, now)
+local h = read_hash(redis.call('HGETALL', key), inst, now, burst, rate)
 -- kept is the caller's live lease when keep_lease keeps it: Redis counts
 -- the caller at that lease, as it counts the others', and the caller takes
 -- from the pool without an exact record. lease.lua turns an exact record
@@ -106,6 +109,7 @@ local kept = nil
 if keep_lease and h.own ~= nil then
   kept = h.own
   h.others = h.others + holds(kept, now)
+  h.others_b = h.others_b + holds_burst(kept, now, burst, rate)
   h.last = math.max(h.last, lease_end(kept))
 end
 -- The caller's record lives at least until now + ttl, and, if it drops a
@@ -128,19 +132,24 @@ local function pool_size()
     unrecorded = math.max(0, math.floor(n) - 1 - h.recorded)
   end
   local frac = (n - unrecorded) / n - h.others / rate
+  -- The burst, as the leases hold it: in proportion to their rates, or
+  -- their own parts of it (see holds_burst).
+  local frac_b = (n - unrecorded) / n - h.others_b / math.max(burst, 1e-300)
   if h.lost ~= nil then
     -- What the exact users gave: the caller too, unless its lease counts it.
     local users = h.exact
     if kept == nil then users = users + 1 end
     frac = math.min(frac, users / n)
+    frac_b = math.min(frac_b, users / n)
   end
   frac = math.max(0, math.min(1, frac))
+  frac_b = math.max(0, math.min(1, frac_b))
   -- The remainder tokens the unrecorded may hold beyond burst/n each
   -- (0 when n divides burst).
   local whole = math.floor(n)
   local rem = burst % whole
   local extra = math.min(unrecorded, rem) - unrecorded * rem / whole
-  return rate * frac, math.max(0, burst * frac - extra)
+  return rate * frac, math.max(0, burst * frac_b - extra)
 end
 
 -- pool_tokens is what the pool holds at now, refilled at pool_rate since

@@ -530,3 +530,53 @@ func TestLeaseDrainsThePool(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseBurstCountedApart: with the burst counted apart from the rate
+// (LeaseRequest.Burst), an instance light on a key's rate keeps its
+// default part of the burst, more than its rate's part; Redis counts that
+// part against the others' grants and the pool's burst, and the parts
+// never sum to more than the burst.
+func TestLeaseBurstCountedApart(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate, burst, n, ttl = 100.0, 40, 4, 10 * time.Second
+	req := func(inst string, want, wantB float64) global.LeaseRequest {
+		// Each asks from its default share, 25/s with 10 tokens.
+		return global.LeaseRequest{Limit: "parts", Key: "k", Instance: inst, Want: want, Rate: rate,
+			Instances: n, TTL: ttl, Running: rate / n, RunningFor: time.Microsecond,
+			Burst: burst, WantBurst: wantB, RunningBurst: burst / n}
+	}
+	// a is heavy and asks for the whole burst: the unrecorded three hold
+	// 10 each, so it gets the rest, 10.
+	if got := lease(t, store, req("a", 200, burst)); got.Granted != 25 || got.Burst != 10 {
+		t.Fatalf("a: %+v, want 25/s with 10 tokens", got)
+	}
+	// b is light (10/s) and keeps its default part, 10 tokens, where its
+	// rate's part would be 4.
+	if got := lease(t, store, req("b", 10, burst/n)); got.Granted != 10 || got.Burst != 10 {
+		t.Fatalf("b: %+v, want 10/s with 10 tokens", got)
+	}
+	// c goes exact: the pool holds what a, b and the unrecorded d do not,
+	// 40 - 10 - 10 - 10 = 10 tokens; with parts in proportion to the
+	// rates it would be 40 - 10 - 4 - 10 = 16.
+	take, err := store.TakeExact(ctx, global.ExactRequest{Limit: "parts", Key: "k", Instance: "c",
+		Rate: rate, Burst: burst, Instances: n, N: 1, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(take.PoolBurst-10) > 1e-9 {
+		t.Errorf("pool burst %v, want 10", take.PoolBurst)
+	}
+	// d asks for the whole burst: a, b and c's pool hold 30, so it gets
+	// 10 at most, whatever it asks.
+	if got := lease(t, store, req("d", 200, burst)); got.Burst > 10+1e-9 {
+		t.Errorf("d: %+v, want at most 10 tokens", got)
+	}
+	// A request without the burst gets none apart.
+	if got := lease(t, store, global.LeaseRequest{Limit: "parts", Key: "other", Instance: "a", Want: 10,
+		Rate: rate, Instances: n, TTL: ttl}); got.Burst != -1 {
+		t.Errorf("without the burst: %+v, want Burst -1", got)
+	}
+}

@@ -48,6 +48,30 @@ type leaseField struct {
 	// asked, counted until runningUS; zero if none.
 	running   float64
 	runningUS int64
+	// hasBurst says the record counts its burst apart: grantedB, wantB
+	// and runningB are then the parts of it granted, wanted and run
+	// until runningUS.
+	hasBurst                  bool
+	grantedB, wantB, runningB float64
+}
+
+// holdsBurst is the part of a burst of burst, of a limit of rate rate, that
+// the instance of f may hold at nowUS (see holds_burst in records.lua).
+func (f leaseField) holdsBurst(nowUS int64, burst, rate float64) float64 {
+	if !f.hasBurst {
+		if rate > 0 {
+			return burst * f.holds(nowUS) / rate
+		}
+		return 0
+	}
+	h := 0.0
+	if f.expiryUS > nowUS {
+		h = f.grantedB
+	}
+	if f.runningUS > nowUS+claimSlackUS {
+		h = max(h, f.runningB)
+	}
+	return h
 }
 
 // claimSlackUS is how long before its end a running grant is no longer
@@ -74,11 +98,25 @@ func (f leaseField) holds(nowUS int64) float64 {
 
 // parseLeaseField parses one i:<instance> value of the lease hash.
 func parseLeaseField(v string) (leaseField, error) {
+	var f leaseField
+	if head, tail, ok := strings.Cut(v, " | "); ok {
+		bs := strings.Fields(tail)
+		if len(bs) != 3 {
+			return leaseField{}, fmt.Errorf("%q: want 3 burst fields", v)
+		}
+		var errs [3]error
+		f.grantedB, errs[0] = strconv.ParseFloat(bs[0], 64)
+		f.wantB, errs[1] = strconv.ParseFloat(bs[1], 64)
+		f.runningB, errs[2] = strconv.ParseFloat(bs[2], 64)
+		if err := errors.Join(errs[:]...); err != nil {
+			return leaseField{}, err
+		}
+		f.hasBurst, v = true, head
+	}
 	fs := strings.Fields(v)
 	if len(fs) != 3 && len(fs) != 5 && len(fs) != 6 {
 		return leaseField{}, fmt.Errorf("%q: want 3, 5 or 6 fields", v)
 	}
-	var f leaseField
 	var errs [5]error
 	f.granted, errs[0] = strconv.ParseFloat(fs[0], 64)
 	f.want, errs[1] = strconv.ParseFloat(fs[1], 64)

@@ -91,6 +91,21 @@ type LeaseRequest struct {
 	// traffic goes on in its local bucket instead of staying behind. Zero
 	// moves none. It must not be negative.
 	Drain int
+	// Burst, when above zero, is the limit's burst, and Redis counts it
+	// apart from the rate: it grants this instance a part of it of its own
+	// (Lease.Burst), the max-min fair part of the parts asked for, within
+	// what the others hold (a lease its granted part and the part it said
+	// it ran, an exact user and an unrecorded instance burst/Instances,
+	// with the remainder tokens their ranks may give the unrecorded). An
+	// instance whose traffic is light but bursty may so hold more than its
+	// rate's part of the burst while a saturated one, which needs little,
+	// holds less; the parts held never sum to more than Burst. Zero: every
+	// record holds its rate's part of the burst (Burst·Granted/Rate).
+	Burst int
+	// WantBurst is the part of the burst asked for, and RunningBurst the
+	// part the instance runs now, counted until RunningFor ends as Running
+	// is (both used only with Burst; neither negative).
+	WantBurst, RunningBurst float64
 }
 
 // maxTTL is the longest lease of any instance, at least r's.
@@ -99,6 +114,15 @@ func (r *LeaseRequest) maxTTL() time.Duration {
 }
 
 // validate checks r fully, so that no request Lua would reject reaches Redis.
+// burstArg is lease.lua's ARGV[14]: "burst want_b running_b", or empty
+// without Burst.
+func (r *LeaseRequest) burstArg() string {
+	if r.Burst <= 0 {
+		return ""
+	}
+	return strconv.Itoa(r.Burst) + " " + formatFloat(r.WantBurst) + " " + formatFloat(r.RunningBurst)
+}
+
 func (r *LeaseRequest) validate() error {
 	switch {
 	case r.Instance == "":
@@ -119,6 +143,10 @@ func (r *LeaseRequest) validate() error {
 		return fmt.Errorf("%w: running for %v is negative", ErrInvalid, r.RunningFor)
 	case r.Drain < 0:
 		return fmt.Errorf("%w: drain %d is negative", ErrInvalid, r.Drain)
+	case r.Burst < 0:
+		return fmt.Errorf("%w: burst %d is negative", ErrInvalid, r.Burst)
+	case r.Burst > 0 && (!finite(r.WantBurst) || r.WantBurst < 0 || !finite(r.RunningBurst) || r.RunningBurst < 0):
+		return fmt.Errorf("%w: burst parts %v and %v are not non-negative finite numbers", ErrInvalid, r.WantBurst, r.RunningBurst)
 	}
 	return nil
 }
@@ -163,6 +191,10 @@ type Lease struct {
 	// this instance with the grant (see LeaseRequest.Drain): they are its
 	// to admit now, in its local bucket, up to its lease's burst.
 	Drained int
+	// Burst is the part of the burst granted when the request gave the
+	// limit's (LeaseRequest.Burst), and -1 otherwise: the grant then holds
+	// its rate's part.
+	Burst float64
 	// Err is the failure of this request alone (for example WRONGTYPE at its
 	// key, or an error wrapping ErrInvalid), nil on success. When Err is set
 	// the other fields are zero.
@@ -209,6 +241,7 @@ func (s *Store) Lease(ctx context.Context, reqs []LeaseRequest, out []Lease) err
 			flag(r.ExactBursts),
 			flag(r.Young),
 			strconv.Itoa(r.Drain),
+			r.burstArg(),
 		}
 	}, func(i int) error { return reqs[i].validate() }, out)
 	if err != nil {
@@ -367,18 +400,19 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 	if err != nil {
 		return Lease{}, err
 	}
-	f, err := replyStrings(v, 9)
+	f, err := replyStrings(v, 10)
 	if err != nil {
 		return Lease{}, err
 	}
 	drained, err7 := strconv.Atoi(f[8])
+	burst, err8 := strconv.ParseFloat(f[9], 64)
 	granted, err1 := strconv.ParseFloat(f[0], 64)
 	fair, err2 := strconv.ParseFloat(f[1], 64)
 	demand, err3 := strconv.ParseFloat(f[2], 64)
 	expiry, err4 := strconv.ParseInt(f[4], 10, 64)
 	in, err5 := strconv.ParseInt(f[6], 10, 64)
 	unrecorded, err6 := strconv.Atoi(f[7])
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7); err != nil || !isFlag(f[3]) || !isFlag(f[5]) || drained < 0 {
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8); err != nil || !isFlag(f[3]) || !isFlag(f[5]) || drained < 0 {
 		return Lease{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
 	return Lease{
@@ -391,5 +425,6 @@ func parseLease(cmd *redis.Cmd) (Lease, error) {
 		In:         time.Duration(in) * time.Microsecond,
 		Unrecorded: unrecorded,
 		Drained:    drained,
+		Burst:      burst,
 	}, nil
 }

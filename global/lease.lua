@@ -33,9 +33,24 @@
 --          key's pool to it, as the pool last stored them (without refill),
 --          so that its traffic goes on at the lease with what the pool
 --          held for it
+-- ARGV[14] "burst want_b running_b" (absent or empty: the burst is not
+--          counted apart, and every record holds its rate's part of it):
+--          the limit's burst, the part of it this instance asks for, and
+--          the part it runs now (until running_us, as running). Redis
+--          then counts the burst as it counts the rate: every instance at
+--          the part it may hold (a lease at the larger of its granted and
+--          running parts, an exact user and an unrecorded instance at
+--          their default part burst/n, the unrecorded with the remainder
+--          tokens their ranks may give them), and grants at most the
+--          max-min fair part of the wants, and at most the burst less what
+--          the others are counted at. So an instance whose traffic is
+--          light but bursty can hold more than its rate's part of the
+--          burst while a saturated one, which needs little, holds less.
 --
 -- Returns {granted, fair, demand, contended ("0"/"1"), expiry_us, lost
--- ("0"/"1"), in_us, unrecorded, drained}, all strings because Redis truncates Lua numbers to integers.
+-- ("0"/"1"), in_us, unrecorded, drained, granted_b}, all strings because
+-- Redis truncates Lua numbers to integers. granted_b is the part of the
+-- burst granted, -1 without ARGV[14].
 -- fair is this instance's max-min fair share. expiry_us is when the lease
 -- ends; for a release, when the instance may run its default share again
 -- (grants made while its record counted it lower may run until then).
@@ -104,7 +119,15 @@ local max_ttl = tonumber(ARGV[10])
 local exact_bursts = ARGV[11] == '1'
 local young = ARGV[12] == '1'
 local drain = tonumber(ARGV[13] or '0')
-local valid = inst ~= nil and inst ~= '' and want and rate and n and ttl
+local burst, want_b, running_b
+local burst_ok = true
+if ARGV[14] ~= nil and ARGV[14] ~= '' then
+  local a, b, c = string.match(ARGV[14], '^(%S+) (%S+) (%S+)$')
+  if a then burst, want_b, running_b = tonumber(a), tonumber(b), tonumber(c) end
+  burst_ok = burst ~= nil and want_b ~= nil and running_b ~= nil
+    and burst >= 0 and want_b >= 0 and running_b >= 0
+end
+local valid = burst_ok and inst ~= nil and inst ~= '' and want and rate and n and ttl
   and running and running_us and max_ttl and drain and drain >= 0
   and (ARGV[8] == '0' or ARGV[8] == '1') and (ARGV[9] == '0' or ARGV[9] == '1')
   and not (want < 0 or rate < 0 or n < 1 or ttl < 1 or running < 0
@@ -119,7 +142,7 @@ local self, self_x = 'i:' .. inst, 'x:' .. inst
 local share = rate / n
 local release = want == 0 and not yield
 
-local h = read_hash(redis.call('HGETALL', key), inst, now)
+local h = read_hash(redis.call('HGETALL', key), inst, now, burst, rate)
 hdel(key, h.dead)
 
 -- A grant this instance runs has no record: Redis lost it, and perhaps the
@@ -153,6 +176,28 @@ local granted = math.min(fair, rate - counted)
 if lost ~= nil then granted = math.min(granted, running) end
 if granted < 0 or release then granted = 0 end
 
+-- The burst, counted as the rate is (ARGV[14]). The unrecorded may hold
+-- one token of the burst's remainder each beyond burst/n (by their ranks,
+-- which Redis does not know), at most burst mod n of them.
+local granted_b = -1
+if burst ~= nil then
+  local share_b = burst / n
+  local whole = math.floor(n)
+  local rem = burst % whole
+  local extra = math.max(0, math.min(unrecorded, rem) - unrecorded * rem / whole)
+  local wants_b = h.wants_b
+  for _ = 1, h.exact + unrecorded do
+    wants_b[#wants_b + 1] = share_b
+  end
+  wants_b[#wants_b + 1] = want_b
+  local counted_b = h.others_b + (h.exact + unrecorded) * share_b + extra
+  local _, level_b, left_b = water_fill(wants_b, burst)
+  granted_b = math.min(fair_share(want_b, level_b, left_b, #wants_b, burst, n, yield),
+    burst - counted_b)
+  if lost ~= nil then granted_b = math.min(granted_b, running_b) end
+  if granted_b < 0 or not (granted > 0) then granted_b = 0 end
+end
+
 local expiry = now
 local last = h.last
 local drained = 0
@@ -164,7 +209,8 @@ if release then
   -- exact.lua); otherwise -- a lower record, or one that has lapsed and
   -- may have been lower -- once the others' leases, which may have been
   -- granted what it did not hold, have ended.
-  local counted_share = h.own_x ~= nil or (h.own ~= nil and holds(h.own, now) >= share)
+  local counted_share = h.own_x ~= nil or (h.own ~= nil and holds(h.own, now) >= share
+    and (burst == nil or holds_burst(h.own, now, burst, rate) >= burst / n - 1e-9))
   if not counted_share then
     expiry = math.max(now, h.leases_end)
   end
@@ -172,15 +218,20 @@ else
   expiry = now + ttl
   redis.call('HDEL', key, self_x)
   local l = {granted = granted, want = want, expiry = expiry}
+  if burst ~= nil then
+    l.granted_b, l.want_b = granted_b, want_b
+    if young then l.want_b = math.min(want_b, math.max(granted_b, running_b)) end
+  end
   if young then
     l.want = math.min(want, math.max(granted, running))
     if want > l.want then l.young_want = want end
   end
-  if running > 0 and running_us > 0 then
+  if (running > 0 or (running_b or 0) > 0) and running_us > 0 then
     -- Until it hears of this grant the instance runs what it has: count
     -- that too, until it ends, so that what it gives up is not granted to
     -- others early (what it has may be larger, or last longer).
     l.running, l.running_until = running, now + running_us
+    l.running_b = running_b
     last = math.max(last, l.running_until)
   end
   redis.call('HSET', key, self, encode_lease(l))
@@ -193,7 +244,9 @@ else
     if tokens ~= nil and at ~= nil then
       -- At most the grant's part of drain (the lease's burst), so that
       -- the pool keeps what the lease could not hold.
-      drained = math.max(0, math.min(math.floor(drain * granted / rate + 1e-9), math.floor(tokens)))
+      local part = drain * granted / rate
+      if burst ~= nil and burst > 0 then part = drain * granted_b / burst end
+      drained = math.max(0, math.min(math.floor(part + 1e-9), math.floor(tokens)))
       if drained > 0 then
         redis.call('HSET', key, 'p', string.format('%.17g %d', tokens - drained, at))
       end
@@ -221,4 +274,5 @@ return {
   string.format('%d', expiry - now),
   string.format('%d', unrecorded),
   string.format('%d', drained),
+  string.format('%.17g', granted_b),
 }

@@ -32,7 +32,7 @@ func TestLeaseScriptGolden(t *testing.T) {
 		t.Fatal("lease.lua: want exactly one redis.call('TIME') to replace")
 	}
 	script := redis.NewScript(string(records) + "\n" +
-		strings.Replace(string(src), "redis.call('TIME')", "{ARGV[14], ARGV[15]}", 1))
+		strings.Replace(string(src), "redis.call('TIME')", "{ARGV[15], ARGV[16]}", 1))
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -106,15 +106,15 @@ func TestLeaseScriptGolden(t *testing.T) {
 		}
 		a := strings.Fields(s.args)
 		now := 1_000_000_000 + s.atMS*1000
-		v, err := script.Run(ctx, rdb, []string{key}, a[0], a[1], "10", a[2], "10000000", a[3], a[4], a[5], a[6], "20000000", "0", "0", "0",
+		v, err := script.Run(ctx, rdb, []string{key}, a[0], a[1], "10", a[2], "10000000", a[3], a[4], a[5], a[6], "20000000", "0", "0", "0", "",
 			strconv.FormatInt(now/1_000_000, 10), strconv.FormatInt(now%1_000_000, 10)).StringSlice()
 		if err != nil {
 			t.Fatalf("step %d (%s): %v", i, s.args, err)
 		}
 		// The reply ends with the expiry as a span from now and the count
 		// of unrecorded instances, which unrec lists step by step.
-		if len(v) != 9 {
-			t.Fatalf("step %d (%s): reply %q has %d fields, want 9", i, s.args, v, len(v))
+		if len(v) != 10 || v[9] != "-1" {
+			t.Fatalf("step %d (%s): reply %q has %d fields, want 10 ending in -1 (no burst given)", i, s.args, v, len(v))
 		}
 		if got := strings.Join(v[:6], " "); got != s.want {
 			t.Errorf("step %d (%s): reply %q, want %q", i, s.args, got, s.want)

@@ -30,6 +30,7 @@ const (
 type simKey struct {
 	place placement
 	run   float64   // placeLease: what it runs until until
+	runB  float64   // placeLease: the part of the burst it runs until until (bursts counted)
 	until time.Time // placeLease: when run ends; placeReturn: when it is back (zero: not yet known)
 }
 
@@ -77,6 +78,68 @@ func poolRate(h hashState, rate float64, n int) float64 {
 	return max(0, rate-held-float64(unrecorded)*rate/float64(n))
 }
 
+// runsBurst is the part of the burst the instance runs at now, with
+// default part defB.
+func (s simKey) runsBurst(now time.Time, defB float64) float64 {
+	switch s.place {
+	case placeShare:
+		return defB
+	case placeLease:
+		if s.until.After(now) {
+			return s.runB
+		}
+	case placeReturn:
+		if !s.until.IsZero() && !s.until.After(now) {
+			return defB
+		}
+	}
+	return 0
+}
+
+// defaultBurst is the default part of a burst of burst of the instance
+// named id ("w<worker>-i<i>") among n, by its rank worker*perWorker+i:
+// burst/n rounded down, and one token of the remainder for the lowest
+// ranks, as hybrid's ranks hand them out.
+func defaultBurst(id string, burst, n, perWorker int) float64 {
+	var w, i int
+	if _, err := fmt.Sscanf(id, "w%d-i%d", &w, &i); err != nil {
+		panic(err)
+	}
+	b := burst / n
+	if w*perWorker+i < burst%n {
+		b++
+	}
+	return float64(b)
+}
+
+// poolBurst is the burst of the pool of the hash h: what the leases (their
+// parts of the burst, see leaseField.holdsBurst, counted until their
+// running claims end as Redis counts them) and the unrecorded instances
+// (burst/n each, and the remainder tokens their ranks may give them)
+// leave.
+func poolBurst(h hashState, burst, rate float64, n int) float64 {
+	recorded := map[string]bool{}
+	held := 0.0
+	for id, f := range h.leases {
+		if max(f.expiryUS, f.runningUS) > h.now {
+			recorded[id] = true
+		}
+		g := f
+		g.runningUS -= claimSlackUS // holdsBurst counts it until its end, as Redis does
+		held += g.holdsBurst(h.now, burst, rate)
+	}
+	for id, e := range h.exact {
+		if e > h.now {
+			recorded[id] = true
+		}
+	}
+	unrecorded := float64(max(0, n-len(recorded)))
+	frac := max(0, min(1, (float64(n)-unrecorded)/float64(n)-held/burst))
+	rem := float64(int(burst) % n)
+	extra := min(unrecorded, rem) - unrecorded*rem/float64(n)
+	return max(0, burst*frac-extra)
+}
+
 func boolFloat(b bool) float64 {
 	if b {
 		return 1
@@ -91,10 +154,30 @@ func boolFloat(b bool) float64 {
 // lease (KeepLease), as a take on its way when the instance's lease
 // request overtook it, with the grant perhaps already in force. At every
 // step, what the instances run on a key plus the rate of its pool is at
-// most the key's rate.
+// most the key's rate. With the burst counted apart (LeaseRequest.Burst),
+// the instances ask for random parts of it, and the parts they run plus
+// the pool's burst are at most the burst.
 func TestPoolRandomInvariant(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
+	for _, burst := range []int{0, poolBurstSize} {
+		name := "burst=proportional"
+		if burst > 0 {
+			name = "burst=counted"
+		}
+		t.Run(name, func(t *testing.T) {
+			rdb.FlushAll(context.Background())
+			poolRandomInvariant(t, rdb, burst)
+		})
+	}
+}
+
+// poolBurstSize is the burst of the keys of TestPoolRandomInvariant.
+const poolBurstSize = 10
+
+// poolRandomInvariant is TestPoolRandomInvariant with the burst counted
+// apart if burst is above zero.
+func poolRandomInvariant(t *testing.T, rdb *redis.Client, burst int) {
 	store := global.New(rdb, "")
 	const (
 		workers   = 3
@@ -116,12 +199,12 @@ func TestPoolRandomInvariant(t *testing.T) {
 				key, rate := fmt.Sprint(k), rates[k]
 				id := [2]string{fmt.Sprintf("w%d-i%d", w, rng.IntN(perWorker)), key}
 				ttl := time.Duration(1+rng.IntN(200)) * time.Millisecond
-				if err := simStep(rng, store, &mu, sim, id, rate, n, ttl); err != nil {
+				if err := simStep(rng, store, &mu, sim, id, rate, n, ttl, burst, perWorker); err != nil {
 					t.Errorf("worker %d call %d: %v", w, c, err)
 					failed.Store(true)
 					return
 				}
-				if err := checkPool(rdb, store, &mu, sim, key, rate, n); err != nil {
+				if err := checkPool(rdb, store, &mu, sim, key, rate, n, burst, perWorker); err != nil {
 					t.Errorf("worker %d call %d: %v", w, c, err)
 					failed.Store(true)
 				}
@@ -132,28 +215,35 @@ func TestPoolRandomInvariant(t *testing.T) {
 }
 
 // simStep makes instance id do one random thing on its key.
-func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, id [2]string, rate float64, n int, ttl time.Duration) error {
+func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, id [2]string, rate float64, n int, ttl time.Duration, burst, perWorker int) error {
 	ctx := context.Background()
 	def := rate / float64(n)
+	defB := defaultBurst(id[0], burst, n, perWorker)
 	mu.Lock()
 	s := sim[id]
 	now := time.Now()
 	if s.place == placeReturn && s.runs(now, def) > 0 {
 		s = simKey{place: placeShare}
 	}
-	cur := s.runs(now, def)
+	cur, curB := s.runs(now, def), s.runsBurst(now, defB)
+	if burst == 0 {
+		curB = 0
+	}
 	req := global.LeaseRequest{Limit: "pool", Key: id[1], Instance: id[0], Rate: rate, Instances: n,
-		TTL: ttl, MaxTTL: 200 * time.Millisecond}
+		TTL: ttl, MaxTTL: 200 * time.Millisecond, Burst: burst}
 	switch op := rng.IntN(10); {
 	case op < 4: // lease: says what it runs, held if a grant
 		req.Want = rng.Float64() * 2 * rate
-		if cur > 0 {
-			req.Running, req.Held = cur, s.place == placeLease
+		if burst > 0 {
+			req.WantBurst = rng.Float64() * float64(burst)
+		}
+		if cur > 0 || curB > 0 {
+			req.Running, req.RunningBurst, req.Held = cur, curB, s.place == placeLease
 			req.RunningFor = ttl
 			if s.place == placeLease {
 				req.RunningFor = s.until.Sub(now)
 			}
-			s = simKey{place: placeLease, run: cur, until: now.Add(req.RunningFor)}
+			s = simKey{place: placeLease, run: cur, runB: curB, until: now.Add(req.RunningFor)}
 		} else {
 			s = simKey{place: placeLease}
 		}
@@ -162,14 +252,18 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 		if rng.IntN(3) == 0 {
 			req.Want = 0
 		}
-		low := min(cur, req.Want)
-		if low > 0 {
+		low, lowB := min(cur, req.Want), 0.0
+		if burst > 0 {
+			lowB = min(curB, rng.Float64()*defB)
+			req.WantBurst, req.RunningBurst = lowB, lowB
+		}
+		if low > 0 || lowB > 0 {
 			req.Running, req.Held, req.RunningFor = low, s.place == placeLease, ttl
 			if s.place == placeLease {
 				req.RunningFor = s.until.Sub(now)
 			}
 		}
-		s = simKey{place: placeLease, run: low, until: now.Add(req.RunningFor)}
+		s = simKey{place: placeLease, run: low, runB: lowB, until: now.Add(req.RunningFor)}
 	case op < 8: // release: stops first, back once the answer says so
 		sim[id] = simKey{place: placeReturn}
 		mu.Unlock()
@@ -191,7 +285,7 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 		}
 		mu.Unlock()
 		_, err := store.TakeExact(ctx, global.ExactRequest{Limit: "pool", Key: id[1], Instance: id[0], Rate: rate,
-			Burst: 10, Instances: req.Instances, N: rng.IntN(3), TTL: ttl, KeepLease: keep})
+			Burst: poolBurstSize, Instances: req.Instances, N: rng.IntN(3), TTL: ttl, KeepLease: keep})
 		return err
 	}
 	sim[id] = s
@@ -200,14 +294,15 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 	if err := store.Lease(ctx, []global.LeaseRequest{req}, out); err != nil || out[0].Err != nil {
 		return fmt.Errorf("lease %+v: %v %v", req, err, out[0].Err)
 	}
-	if out[0].Granted < 0 || out[0].Granted > rate*(1+1e-12) || (req.Yield && out[0].Granted > req.Want*(1+1e-12)) {
+	if out[0].Granted < 0 || out[0].Granted > rate*(1+1e-12) || (req.Yield && out[0].Granted > req.Want*(1+1e-12)) ||
+		(burst > 0) != (out[0].Burst >= 0) || out[0].Burst > float64(burst)*(1+1e-12) {
 		return fmt.Errorf("lease %+v = %+v", req, out[0])
 	}
 	if rng.IntN(4) != 0 {
 		// The answer arrived: the grant is in force from now until a TTL
 		// after the request went out.
 		mu.Lock()
-		sim[id] = simKey{place: placeLease, run: out[0].Granted, until: now.Add(ttl)}
+		sim[id] = simKey{place: placeLease, run: out[0].Granted, runB: max(0, out[0].Burst), until: now.Add(ttl)}
 		mu.Unlock()
 	}
 	return nil
@@ -215,7 +310,8 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 
 // checkPool reads key's hash and checks, in one step with the simulated
 // instances, that what they run plus the pool's rate is at most rate.
-func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, key string, rate float64, n int) error {
+// With burst above zero, it checks the same of the parts of the burst.
+func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, key string, rate float64, n, burst, perWorker int) error {
 	mu.Lock()
 	defer mu.Unlock()
 	h, err := readHash(rdb, store.LeaseKey("pool", key))
@@ -240,6 +336,28 @@ func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[
 	if runs+pool > rate*(1+1e-9)+1e-9 {
 		return fmt.Errorf("key %s: the instances run %v and the pool %v, above the rate %v: %s; hash %+v",
 			key, runs, pool, rate, strings.Join(who, " "), h)
+	}
+	if burst == 0 {
+		return nil
+	}
+	runsB := 0.0
+	who = who[:0]
+	for w := range n / perWorker {
+		for i := range perWorker {
+			inst := fmt.Sprintf("w%d-i%d", w, i)
+			s, ok := sim[[2]string{inst, key}]
+			if !ok {
+				s = simKey{place: placeShare} // has not acted yet
+			}
+			b := s.runsBurst(now, defaultBurst(inst, burst, n, perWorker))
+			runsB += b
+			who = append(who, fmt.Sprintf("%s:%d/%.3g", inst, s.place, b))
+		}
+	}
+	poolB := poolBurst(h, float64(burst), rate, n)
+	if runsB+poolB > float64(burst)*(1+1e-9)+1e-9 {
+		return fmt.Errorf("key %s: the instances run bursts of %v and the pool %v, above the burst %v: %s; hash %+v",
+			key, runsB, poolB, burst, strings.Join(who, " "), h)
 	}
 	return nil
 }

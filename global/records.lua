@@ -8,6 +8,11 @@
 --                   those five and "young_want" when its demand above
 --                   what it holds is young (lease.lua's ARGV[12]): want
 --                   is then what it holds, young_want what it wants;
+--                   any of these may end in " | granted_b want_b
+--                   running_b": the part of the burst it was granted,
+--                   wanted, and said it ran until running_until_us
+--                   (lease.lua's ARGV[14]). A record without them holds
+--                   the burst in proportion to its rate;
 --   "x:<instance>"  an exact user, which decides each request against the
 --                   pool and runs nothing locally: "expiry_us";
 --   "c:<instance>"  credit: tokens an exact user took from the pool ahead
@@ -29,6 +34,15 @@
 -- is unreadable. A record without a running grant says it runs 0 until 0;
 -- young_want is nil unless the record has one.
 local function decode_lease(v)
+  local gb, wb, rb
+  local head, tail = string.match(v, '^(.-) | (.+)$')
+  if head then
+    gb, wb, rb = string.match(tail, '^(%S+) (%S+) (%S+)$')
+    if not gb then return nil end
+    gb, wb, rb = tonumber(gb), tonumber(wb), tonumber(rb)
+    if not gb or not wb or not rb then return nil end
+    v = head
+  end
   local g, w, e, rg, re, yw = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
   if g then
     yw = tonumber(yw)
@@ -44,12 +58,12 @@ local function decode_lease(v)
   if not g or not w or not e or not rg or not re then
     return nil
   end
-  return {granted = g, want = w, expiry = e, running = rg, running_until = re, young_want = yw}
+  return {granted = g, want = w, expiry = e, running = rg, running_until = re, young_want = yw,
+    granted_b = gb, want_b = wb, running_b = rb}
 end
 
--- encode_lease writes a lease for decode_lease: six fields if it has a
--- young_want, five if it has a running_until, three if neither.
-local function encode_lease(l)
+-- encode_lease_rate writes the fields of lease l before its burst.
+local function encode_lease_rate(l)
   if l.young_want ~= nil then
     return string.format('%.17g %.17g %d %.17g %d %.17g',
       l.granted, l.want, l.expiry, l.running or 0, l.running_until or 0, l.young_want)
@@ -61,6 +75,15 @@ local function encode_lease(l)
     l.granted, l.want, l.expiry, l.running, l.running_until)
 end
 
+-- encode_lease writes a lease for decode_lease: six fields if it has a
+-- young_want, five if it has a running_until, three if neither; and its
+-- burst fields after them if it has a granted_b.
+local function encode_lease(l)
+  local v = encode_lease_rate(l)
+  if l.granted_b == nil then return v end
+  return string.format('%s | %.17g %.17g %.17g', v, l.granted_b, l.want_b, l.running_b or 0)
+end
+
 -- holds is what the instance of lease l may be running at now: its grant
 -- while the lease lives, and the larger grant it was running when it
 -- asked, until that ends.
@@ -69,6 +92,21 @@ local function holds(l, now)
   if l.expiry > now then h = l.granted end
   if l.running_until > now and l.running > h then h = l.running end
   return h
+end
+
+-- holds_burst is the part of the burst the instance of lease l may hold
+-- at now, burst and rate being the limit's: what it was granted while the
+-- lease lives, and the larger part it said it ran, until that ends; a
+-- record without burst fields holds the burst in proportion to holds.
+local function holds_burst(l, now, burst, rate)
+  if l.granted_b == nil then
+    if rate > 0 then return burst * holds(l, now) / rate end
+    return 0
+  end
+  local b = 0
+  if l.expiry > now then b = l.granted_b end
+  if l.running_until > now and l.running_b > b then b = l.running_b end
+  return b
 end
 
 -- lease_end is when lease l stops counting: when both its grant and the
@@ -85,6 +123,10 @@ end
 --   young     how much more than those wants the young ones among them
 --             want (see records with a young_want);
 --   others    what the other instances' leases may be running (see holds);
+--   others_b  ... and the parts of the burst they may hold (holds_burst),
+--             when read_hash is given burst (else 0);
+--   wants_b   the burst parts the others whose grant lives want (their
+--             want_b, or their want's part of the burst), when given burst;
 --   exact     how many other instances have a live "x:" record;
 --   recorded  how many other instances have a live "i:" or "x:" record:
 --             the others of the n live instances are unrecorded;
@@ -98,9 +140,10 @@ end
 --   pool      the pool's value, nil if there is none;
 --   queue     the "q" field's time, nil if there is none or it has passed;
 --   queue_by  the instance that turn is for.
-local function read_hash(fields, inst, now)
+local function read_hash(fields, inst, now, burst, rate)
   local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
   local h = {dead = {}, wants = {}, young = 0, others = 0, exact = 0, recorded = 0,
+    others_b = 0, wants_b = {},
     last = 0, leases_end = 0, own = nil, own_x = nil, lost = nil, pool = nil,
     credits = 0, own_c = nil}
   local seen = {} -- other instances with a live record, by id
@@ -158,8 +201,17 @@ local function read_hash(fields, inst, now)
           if l.young_want ~= nil and l.young_want > l.want then
             h.young = h.young + l.young_want - l.want
           end
+          if burst ~= nil then
+            local wb = l.want_b
+            if wb == nil then
+              wb = 0
+              if rate > 0 then wb = burst * l.want / rate end
+            end
+            h.wants_b[#h.wants_b + 1] = wb
+          end
         end
         h.others = h.others + holds(l, now)
+        if burst ~= nil then h.others_b = h.others_b + holds_burst(l, now, burst, rate) end
         if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end
         h.last = math.max(h.last, lease_end(l))
         h.leases_end = math.max(h.leases_end, lease_end(l))

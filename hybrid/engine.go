@@ -155,10 +155,11 @@ type lease struct {
 	demand        demandWindow
 	// The fields below are smaller than 8 bytes, and kept together so that
 	// they fill one word instead of padding one each: a lease per key.
-	stable   int32  // contended renewals in a row that changed nothing
-	askGap   int32  // ticks after a grant that a key that asked its peers renews; 0: soonTicks
 	deniedAt uint32 // the key's Denied counter when last looked at
 	quietGap uint32 // quietAt less the key's Attempted counter at the tick before the last
+	stable   int16  // contended renewals in a row that changed nothing (saturates)
+	burst    uint16 // the part of the burst the last grant holds locally (Lease.Burst, rounded down; saturates)
+	askGap   uint8  // ticks after a grant that a key that asked its peers renews; 0: soonTicks
 	state    keyState
 	// failed: the last request for this key failed on its own. Orthogonal
 	// to state: a held grant stays in force until it ends, then lapses to
@@ -167,6 +168,7 @@ type lease struct {
 	contended  bool
 	returning  bool // releasing: the release was acknowledged; the key returns to its default share at until
 	measured   bool // demandNow was measured over a second or more
+	measuredOn bool // ... and rests on fallTokens decisions or more
 	wantsLease bool // yielded: its share denied a request, and it asks for a lease until granted
 	unrecorded bool // the last grant counted peers that hold no record at their default share: they could yield
 	recovering bool // went back to its default share while Redis was down: its record is released once it is back
@@ -398,7 +400,33 @@ func (e *engine) request(key string, want float64, n int, ttl time.Duration) glo
 		Limit: e.limit, Key: key, Instance: e.instance,
 		Want: want, Rate: e.rate, Instances: n, TTL: ttl,
 		MaxTTL: e.t.uncontendedTTL * yieldLife, ExactBursts: e.exactBursts,
+		Burst: e.burst,
 	}
+}
+
+// wantBurst is the part of the burst a key asks for with a want of want,
+// n being N-hat: its want's part of the burst, and at least its default
+// part, burst/n. Redis counts the burst apart from the rate (see
+// global.LeaseRequest.Burst) and splits it max-min fair over what the
+// instances ask for: an instance whose demand is light, and whose
+// requests come unevenly, keeps its default part of the burst while a
+// heavy one, which runs its bucket empty and needs little burst, takes
+// what is left. With a part of the burst in proportion to its rate, a
+// light instance of a contended key turned away a good part of its
+// requests (Poisson arrivals at 25/s through a bucket of 3 tokens admit
+// 86%), and its rate was lost to the cluster.
+func (e *engine) wantBurst(want float64, n int) float64 {
+	return min(float64(e.burst), max(float64(e.burst)*want/e.rate, float64(e.burst)/float64(max(n, 1))))
+}
+
+// runningBurst is the part of the burst key runs now, st being its
+// statistics: its local bucket's, or its grant's, whichever is larger.
+func runningBurst(st *local.KeyStats, le *lease) float64 {
+	b := st.Share.Burst
+	if le.state == stateHeld || le.state == stateLapsed || le.state == stateReleasing {
+		b = max(b, int(le.burst))
+	}
+	return float64(b)
 }
 
 // release builds the request that gives key's record back; le, if set,
@@ -411,6 +439,15 @@ func (e *engine) release(key string, n int, le *lease) call {
 // down.
 func (e *engine) share(r float64) local.Share {
 	return local.Share{Limit: rate.Limit(r), Burst: int(float64(e.burst) * r / e.rate)}
+}
+
+// heldShare is the local share at a rate r of at most the key's grant:
+// its part of the burst in proportion, at most the part its grant holds
+// (which Redis counts until the record ends).
+func (e *engine) heldShare(r float64, le *lease) local.Share {
+	s := e.share(r)
+	s.Burst = min(s.Burst, int(le.burst))
+	return s
 }
 
 // leaseShare is the local share of a grant g that Redis made while
@@ -591,8 +628,8 @@ func (e *engine) track(now instant, st *local.KeyStats) *lease {
 // from here, not diluted over the quiet before it.
 func (e *engine) measure(now instant, def float64, st *local.KeyStats, le *lease) {
 	if (le.state == stateDefault || le.state == stateYielded) && now.Sub(le.demand.lastAt()) >= time.Second {
-		le.demandNow = le.demand.rate(now, st, def)
-		le.measured = true
+		d, tokens, _ := le.demand.measured(now, st, def)
+		le.demandNow, le.measured, le.measuredOn = d, true, tokens >= fallTokens
 		if st.Attempted == le.quietAt {
 			le.demand.restart(now, st.Attempted)
 		} else {
@@ -760,7 +797,7 @@ func (e *engine) onTime(gap time.Duration) bool {
 func (e *engine) giveBack(now instant, n int, def float64, st *local.KeyStats, le *lease, want float64, prev int64) call {
 	if want < le.granted {
 		le.granted = want
-		e.shares.Assign(now, st.Key, e.share(want), le.until)
+		e.shares.Assign(now, st.Key, e.heldShare(want, le), le.until)
 		e.frees = append(e.frees, st.Key)
 	}
 	le.stable, le.askGap = 0, 0
@@ -787,7 +824,7 @@ func (e *engine) freed(t time.Time, key string) {
 func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
 	life := e.t.uncontendedTTL * yieldLife
 	if d := le.demandNow * headroom; !denied && !le.wantsLease && le.measured && now.Sub(le.askedAt) < life/2 &&
-		d < le.granted*yieldLower && le.demand.lastAt() == now && le.demand.since(0, st.Attempted) >= fallTokens &&
+		d < le.granted*yieldLower && le.demand.lastAt() == now && le.measuredOn &&
 		e.shares.Assign(now, st.Key, e.share(d), now.Add(2*life)) {
 		// It kept more than it needs (a young key yields on what its
 		// first requests showed): lower to what it measured, then say so,
@@ -810,6 +847,8 @@ func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats
 			le.sentAt = now
 			req := e.request(st.Key, le.granted, n, life)
 			req.Yield, req.Running, req.RunningFor = true, le.granted, life
+			b := float64(e.share(le.granted).Burst)
+			req.WantBurst, req.RunningBurst = b, max(b, float64(st.Share.Burst))
 			return append(calls, call{req: req, lease: le, kind: callYield})
 		}
 	case !now.Before(le.renewAt):
@@ -963,7 +1002,7 @@ func (e *engine) idle(now instant, n int, st *local.KeyStats, le *lease, calls [
 	// Lower first: once Redis has the release it counts this instance at
 	// its default share at most.
 	def := e.rate / float64(n)
-	e.shares.Assign(now, st.Key, e.share(min(le.granted, def)), le.until)
+	e.shares.Assign(now, st.Key, e.heldShare(min(le.granted, def), le), le.until)
 	le.state, le.renewAt = stateReleasing, now.Add(e.t.tick)
 	return append(calls, e.release(st.Key, n, le))
 }
@@ -996,6 +1035,7 @@ func (e *engine) renewal(now instant, n int, st *local.KeyStats, le *lease, def 
 	// at that share again.
 	running, held := le.running(def)
 	req.Running, req.Held = running, held
+	req.WantBurst, req.RunningBurst = e.wantBurst(want, n), runningBurst(st, le)
 	// Demand above what the key runs that is younger than youngFor takes
 	// only what the others leave: cutting them for it would lose more
 	// than it brings if it ends soon. Not for a limit whose default share
@@ -1069,7 +1109,9 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 	settled := res.Contended && res.Granted >= res.Fair*settledFair && le.granted > 0 &&
 		math.Abs(res.Granted-le.granted) <= settledWithin*le.granted
 	if settled {
-		le.stable++
+		if le.stable < math.MaxInt16 {
+			le.stable++
+		}
 	} else {
 		le.stable = 0
 	}
@@ -1096,6 +1138,10 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 		le.renewAt = sent.Add(e.t.tick / 2)
 	}
 	share := e.leaseShare(res.Granted, res.Unrecorded, c.req.Instances)
+	if res.Burst >= 0 {
+		// Redis counted the burst apart: the grant holds the part it gave.
+		share.Burst = int(math.Floor(res.Burst + 1e-9))
+	}
 	// The fair share's part of the burst says whether the split is too
 	// fine, not the grant: a grant starved until others shrink is not.
 	// Only an instance that wants more than its default share moves: one
@@ -1111,6 +1157,7 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 	leaving := le.state == stateLeaving
 	e.shares.SetMark(c.req.Key, 0)
 	if e.shares.Assign(at, c.req.Key, share, le.until) {
+		le.burst = uint16(min(share.Burst, math.MaxUint16))
 		if leaving {
 			// The tokens the exact pool held for it, now its own, and
 			// any credit it holds.

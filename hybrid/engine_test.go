@@ -144,7 +144,7 @@ func answer(name string, res global.Lease) op {
 // grant answers the last tick's lease request of "k".
 func grant(granted, fair float64, contended bool) op {
 	return answer(fmt.Sprintf("grant(%v, fair %v, contended %v)", granted, fair, contended),
-		global.Lease{Granted: granted, Fair: fair, Contended: contended})
+		global.Lease{Granted: granted, Fair: fair, Contended: contended, Burst: -1})
 }
 
 // ack answers the last tick's release of "k": the instance may run its
@@ -515,7 +515,7 @@ func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 				r.loc.Allow(t0.Add(at), "k") // 20/s, wanting 22/s
 			}
 			in := r.eng.clock.instant
-			le := &lease{state: stateHeld, granted: 22, fair: 22, contended: true, stable: int32(stable),
+			le := &lease{state: stateHeld, granted: 22, fair: 22, contended: true, stable: int16(stable),
 				lastWant: 22, sentAt: in(t0.Add(1050 * ms)), attemptedAt: 22, until: in(t0.Add(2130 * ms)), renewAt: in(t0.Add(1650 * ms))}
 			le.demand.open(in(t0))
 			le.demand.record(in(t0.Add(1050*ms)), 22)
@@ -1134,6 +1134,43 @@ func TestEngineYieldedKeyLowers(t *testing.T) {
 	}
 }
 
+// TestEngineYieldedKeyLowersAfterAQuietTick: the same, with the last
+// request a tick before the measurement: a tick with no request restarts
+// the demand window, and the lowering still rests on the measurement's
+// own decisions (before, it counted those since the restart, none, and a
+// key with Poisson arrivals a few times a second kept what it yielded to
+// for seconds).
+func TestEngineYieldedKeyLowersAfterAQuietTick(t *testing.T) {
+	young := youngAt450()
+	y := func(at time.Duration, do op, share float64, calls ...req) step {
+		return step{at: at, do: do, calls: calls, state: stateYielded, share: leased(share)}
+	}
+	steps := append(lowDemand()[:4], step{at: 100 * ms, do: peerAsks()})
+	steps = append(steps, lowDemand()[4:12]...)
+	steps = append(steps,
+		y(450*ms, tick(), young, yielding(young)),
+		y(450*ms, recorded(), young),
+	)
+	steps = append(steps, y(500*ms, tick(), young))
+	// Two decisions every 250 ms, the last at 1.9 s: 8/s, and quiet
+	// from there to the measurement at 2 s.
+	for at := 550 * ms; at < 2*time.Second; at += eTick {
+		if at%(250*ms) == 150*ms {
+			steps = append(steps, y(at, decide(2), young))
+		}
+		steps = append(steps, y(at, tick(), young))
+	}
+	r := run(t, table{steps: steps})
+	calls := tick().run(r, t0.Add(2*time.Second))
+	le := r.eng.keys["k"]
+	if len(calls) != 1 || calls[0].kind != callYield || le.state != stateYielded || !(le.granted < young*yieldLower) {
+		t.Fatalf("at 2s: calls %+v, state %v, kept %v; want one yield lowering below %v", calls, le.state, le.granted, young*yieldLower)
+	}
+	if st, _ := r.loc.Stats("k"); float64(st.Share.Limit) != le.granted {
+		t.Errorf("the key runs %v; want what it lowered to, %v, before it says so", st.Share.Limit, le.granted)
+	}
+}
+
 // TestEngineYieldedKeyAsks: a yielded key whose share denies a request asks
 // for a lease at the next tick, saying it runs what it kept, a grant of
 // Redis's (its yield record); it keeps running that until the grant is in
@@ -1637,7 +1674,7 @@ func TestEngineStarvedByRate(t *testing.T) {
 	le := heldAt(r, 50, 88, time.Second)
 	c := call{req: global.LeaseRequest{Key: "k", Want: 88, Rate: eRate, Instances: eN, TTL: eCTTL, Running: 50, Held: true}, lease: le}
 	// 92% of its fair share, 6/s (6% of the rate) short of it.
-	r.eng.answered(t0, t0, &c, &global.Lease{Granted: 74, Fair: 80, Contended: true})
+	r.eng.answered(t0, t0, &c, &global.Lease{Granted: 74, Fair: 80, Contended: true, Burst: -1})
 	if want := r.eng.clock.instant(t0.Add(soonTicks * eTick)); !le.renewAt.Equal(want) || !le.peersCouldYield(eRate) {
 		t.Fatalf("renews at %v, peers could yield %v; want %v and true", le.renewAt.Sub(r.eng.clock.instant(t0)), le.peersCouldYield(eRate), want.Sub(r.eng.clock.instant(t0)))
 	}
@@ -1708,4 +1745,39 @@ func TestEngineTrackedLateMeasuresFromNow(t *testing.T) {
 		}
 	}
 	run(t, table{steps: steps})
+}
+
+// TestEngineBurstPart: the engine has Redis count the burst apart from
+// the rate. A request gives the limit's burst, asks for its want's part
+// of it but at least the default part (burst/N-hat: a light instance keeps
+// what absorbs its uneven arrivals), and says the part its bucket runs
+// now; a grant runs the part Redis gave, rounded down, not its rate's; a
+// renewal says it runs that part.
+func TestEngineBurstPart(t *testing.T) {
+	r := newRig(t, false)
+	decide(eBurst).run(r, t0) // the default share's 5 tokens, then denials
+	calls := tick().run(r, t0)
+	if len(calls) != 1 {
+		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
+	}
+	q := calls[0].req
+	wantB := max(eBurst*q.Want/eRate, float64(eBurst)/eN)
+	if q.Burst != eBurst || q.WantBurst != wantB || q.RunningBurst != eBurst/eN {
+		t.Fatalf("request %+v; want burst %d, a part of %v, running %d", q, eBurst, wantB, eBurst/eN)
+	}
+	// Granted 30/s with 8.9 tokens, where its rate's part would be 6.
+	answer("grant", global.Lease{Granted: 30, Fair: 30, Contended: true, Burst: 8.9}).run(r, t0)
+	if st, _ := r.loc.Stats("k"); st.Share != (local.Share{Limit: 30, Burst: 8}) {
+		t.Fatalf("the key runs %+v; want 30/s with 8 tokens", st.Share)
+	}
+	for at := eTick; at <= eCTTL; at += eTick {
+		decide(2).run(r, t0.Add(at))
+		if calls := tick().run(r, t0.Add(at)); len(calls) > 0 {
+			if q := calls[0].req; q.RunningBurst != 8 || q.Running != 30 {
+				t.Errorf("renewal %+v; want running 30/s with 8 tokens", q)
+			}
+			return
+		}
+	}
+	t.Fatal("no renewal within a contended lease")
 }

@@ -238,6 +238,11 @@ func (m *Memberlist) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// catchUpAfter is how long after Join a node exchanges state with the
+// seeds once more (see rejoinLoop): long enough for a seed to have merged
+// the members that joined at the same time.
+const catchUpAfter = time.Second
+
 func (m *Memberlist) newBackoff() backoff {
 	return backoff{first: m.retryInterval, most: m.maxRetryInterval}
 }
@@ -248,8 +253,28 @@ func (m *Memberlist) newBackoff() backoff {
 // back-off, until another member is back: a healed partition, restarted
 // instances or a seed name that now resolves elsewhere. Membership events
 // wake it; it never runs inside a memberlist callback.
+//
+// First, catchUpAfter after Join, it exchanges state with the seeds once
+// more: a node that joined while another was joining may have missed it
+// (the member it joined through had not merged the other yet, and had
+// already spent its gossip about it), and would count one member short,
+// a larger default share, until memberlist's periodic state exchange,
+// 15 to 30 s later.
 func (m *Memberlist) rejoinLoop(ctx context.Context) {
 	defer close(m.rejoinDone)
+	t := time.NewTimer(catchUpAfter)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+		return
+	}
+	if m.ml.NumMembers() > 1 {
+		if _, err := m.attempt(ctx); err != nil && ctx.Err() == nil {
+			m.logger.Debug("membership: catching up with the seeds failed", "name", m.name, "err", err)
+		}
+		m.membersChanged()
+	}
 	for {
 		if m.ml.NumMembers() == 1 {
 			m.rejoin(ctx)

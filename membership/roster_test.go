@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -371,4 +372,34 @@ func TestMemberlistStaleNoticeThenCrash(t *testing.T) {
 	if got := r.left()[left:]; len(got) != 0 {
 		t.Errorf("the crash was reported as a graceful leave (%v): a stale notice counted for it", got)
 	}
+}
+
+// TestMemberlistConcurrentJoinsConverge: nodes that join through one seed
+// at the same time all count every member well before memberlist's
+// periodic state exchange (15 s with the Local profile). A joiner whose
+// seed had not yet merged another joiner, and had spent its gossip about
+// it, would otherwise count one member short, a larger default share,
+// until then; each node exchanges state with its seeds once more a second
+// after Join (catchUpAfter).
+func TestMemberlistConcurrentJoinsConverge(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	seed := startNode(t, "n0", nil)
+	const joiners = 8
+	nodes := make([]*Memberlist, joiners)
+	errs := make([]error, joiners)
+	var wg sync.WaitGroup
+	for i := range joiners {
+		wg.Go(func() {
+			nodes[i], errs[i] = Join(Config{Name: fmt.Sprintf("n%d", i+1), BindAddr: "127.0.0.1",
+				Seeds: []string{seed.Addr()}, Profile: Local, Logger: testLogger(t)})
+		})
+	}
+	wg.Wait()
+	for i, m := range nodes {
+		if errs[i] != nil {
+			t.Fatalf("Join(n%d): %v", i+1, errs[i])
+		}
+		t.Cleanup(func() { _ = m.Close() })
+	}
+	waitCount(t, 5*time.Second, joiners+1, append(nodes, seed)...)
 }

@@ -69,6 +69,11 @@
 -- restart, a failover), the instances that still run pre-loss leases are
 -- not counted; until the longest of those has ended ("lost"), no grant
 -- exceeds what its instance says it runs, so nobody grows into them.
+-- With ARGV[14] the same holds of the burst: the parts each may hold (a
+-- lease the larger of its granted part and, until it ends, the part it
+-- said it ran; an exact user and an unrecorded instance burst/n, the
+-- unrecorded with the remainder tokens their ranks may hold) sum to at
+-- most burst, and exact.lua's pool holds what they leave.
 
 -- water_fill is the max-min fair split of rate over wants, which it sorts:
 -- the smallest wants are served first. It returns the demand (the sum of

@@ -24,6 +24,13 @@
 // burst that no lease and no default share holds; exact users take from it
 // one request at a time.
 //
+// A lease holds the part of the key's burst in proportion to its rate, or,
+// when the request gives the limit's burst (LeaseRequest.Burst), a part of
+// its own that Redis counts as it counts the rate: max-min fair over the
+// parts the instances ask for, never more in all than the burst (see
+// Lease.Burst). An instance light on a key's rate so keeps what its
+// clients' uneven requests need, while a saturated one takes less.
+//
 // A Store does not decide anything by itself about outages or local quotas;
 // package hybrid composes it with a local limiter and a membership count.
 package global

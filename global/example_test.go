@@ -67,6 +67,28 @@ func ExampleStore_Lease() {
 	_ = store.Release(context.Background(), reqs)
 }
 
+// A lease can hold a part of the burst of its own, counted by Redis apart
+// from its rate: here an instance light on the key (2/s of 100/s) asks
+// for its default part of a burst of 40 (40/4 = 10 tokens), where its
+// rate's part would be under one token. This example needs a Redis server,
+// so it is compiled but not run.
+func ExampleStore_Lease_burst() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	store := global.New(rdb, "")
+
+	reqs := []global.LeaseRequest{{Limit: "api", Key: "user-42", Instance: "web-1", Want: 2, Rate: 100,
+		Instances: 4, TTL: 5 * time.Second, Burst: 40, WantBurst: 10, RunningBurst: 10,
+		Running: 25, RunningFor: 5 * time.Second}} // it runs its default share, 25/s and 10 tokens, until the answer
+	out := make([]global.Lease, 1)
+	if err := store.Lease(context.Background(), reqs, out); err != nil || out[0].Err != nil {
+		fmt.Println("no lease:", err, out[0].Err)
+		return
+	}
+	// Run the grant locally with the part of the burst Redis gave, rounded down.
+	fmt.Printf("%.1f tokens/s, burst %d\n", out[0].Granted, int(out[0].Burst))
+}
+
 // This example needs a Redis server, so it is compiled but not run.
 func ExampleStore_TakeExact() {
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})

@@ -292,6 +292,10 @@ const (
 	// renewals: well within a yield record's half-life, so that yields
 	// stand while it needs them.
 	askEvery = time.Second
+
+	// exactSampleEvery is how often an exact key of a limit with split
+	// bursts records a sample of its demand window (see stepExact).
+	exactSampleEvery = time.Second
 	// A held contended key whose demand over the last two ticks is below
 	// fallBelow of what it last asked for, when that would have been at
 	// least fallTokens decisions, gives back what it no longer uses at
@@ -847,8 +851,14 @@ func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats
 			le.sentAt = now
 			req := e.request(st.Key, le.granted, n, life)
 			req.Yield, req.Running, req.RunningFor = true, le.granted, life
+			// What it runs: it lowered to le.granted before telling (this
+			// tick's statistics may predate that), and an assigned share
+			// that admits anything runs at least one token.
 			b := float64(e.share(le.granted).Burst)
-			req.WantBurst, req.RunningBurst = b, max(b, float64(st.Share.Burst))
+			if le.granted > 0 {
+				b = max(b, 1)
+			}
+			req.WantBurst, req.RunningBurst = b, b
 			return append(calls, call{req: req, lease: le, kind: callYield})
 		}
 	case !now.Before(le.renewAt):
@@ -868,7 +878,14 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 		return calls
 	}
 	d, tokens, span := le.demand.measured(now, st, def)
-	le.demand.record(now, st.Attempted)
+	if e.exactBursts || now.Sub(le.demand.lastAt()) >= exactSampleEvery {
+		// With split bursts, a sample a second: the window's samples then
+		// span seconds, enough to show a key of a request or two a second
+		// light beyond chance. At one per look they spanned 1.6 s, where a
+		// light key shows a few tokens, never enough: it stayed exact,
+		// counted at its default share, for good.
+		le.demand.record(now, st.Attempted)
+	}
 	le.renewAt = now.Add(e.t.contendedTTL / renewDivisor)
 	if e.exactBursts {
 		// Exact is where these keys live. They move to a lease after the

@@ -1315,28 +1315,28 @@ func TestEngineExact(t *testing.T) {
 		ex.at, ex.do = at, tick()
 		steps = append(steps, ex)
 	}
-	// Checked at 650 ms and every 300 ms. The demand measured since the
-	// first decision (25 decisions, the last at 1 s) falls below 12.5/s
-	// with headroom at 2450 ms (25/2.45 s · 1.1 = 11.2/s), but not beyond
-	// chance: a Poisson count at 11.4/s over 2.35 s falls to 25 often. At
-	// 2750 ms the window (its 8 samples) reaches back to 50 ms with 19
-	// decisions in 2.7 s, where 11.4/s would have sent 31 (two standard
-	// deviations: 11): it leaves then, before it is idle (2.5 s after its
-	// last decision).
-	steps = append(steps, ticks(1050*ms, 2700*ms, ex)...)
+	// Checked at 650 ms and every 300 ms, with a sample of its demand
+	// window once a second. The demand measured since the first decision
+	// (25 decisions, the last at 1 s) falls below 12.5/s with headroom at
+	// 2450 ms (25/2.45 s · 1.1 = 11.2/s), but not beyond chance: a Poisson
+	// count at 11.4/s over 2.35 s falls to 25 often. At 3350 ms the window
+	// reaches back to its first sample with 25 decisions in 3.3 s, where
+	// 11.4/s would have sent 37 (two standard deviations: 12): it leaves
+	// then, before it is idle (2.5 s after its last decision).
+	steps = append(steps, ticks(1050*ms, 3300*ms, ex)...)
 	rel := step{state: stateReleasing, none: true}
 	steps = append(steps,
-		step{at: 2750 * ms, do: tick(), state: stateReleasing, none: true},
-		step{at: 2800 * ms, do: decideOne(false, 0), state: stateReleasing, none: true},
+		step{at: 3350 * ms, do: tick(), state: stateReleasing, none: true},
+		step{at: 3400 * ms, do: decideOne(false, 0), state: stateReleasing, none: true},
 	)
 	// Nothing until RedisTimeout plus a tick after it left.
-	steps = append(steps, ticks(2800*ms, 2900*ms, rel)...)
+	steps = append(steps, ticks(3400*ms, 3500*ms, rel)...)
 	run(t, table{steps: append(steps,
-		step{at: 2950 * ms, do: tick(), calls: []req{released}, state: stateReleasing, none: true},
-		step{at: 2950 * ms, do: fail(), state: stateReleasing, none: true},
-		step{at: 3000 * ms, do: tick(), calls: []req{released}, state: stateReleasing, none: true},
-		step{at: 3000 * ms, do: ack(0), state: stateDefault},
-		step{at: 3050 * ms, do: tick(), state: stateDefault},
+		step{at: 3550 * ms, do: tick(), calls: []req{released}, state: stateReleasing, none: true},
+		step{at: 3550 * ms, do: fail(), state: stateReleasing, none: true},
+		step{at: 3600 * ms, do: tick(), calls: []req{released}, state: stateReleasing, none: true},
+		step{at: 3600 * ms, do: ack(0), state: stateDefault},
+		step{at: 3650 * ms, do: tick(), state: stateDefault},
 	)})
 }
 
@@ -1345,7 +1345,7 @@ func TestEngineExact(t *testing.T) {
 // 2450 ms its demand with headroom is 11.2/s, below half its default share,
 // but within chance of it: leaving then would cost its next requests the
 // pool's burst (TestEngineExact: the same key, staying quiet, leaves at
-// 2750 ms).
+// 3350 ms).
 func TestEngineExactStaysThroughAGap(t *testing.T) {
 	steps := exactSteps()
 	ex := step{state: stateExact, none: true, mark: markExactDropLease}
@@ -1780,4 +1780,46 @@ func TestEngineBurstPart(t *testing.T) {
 		}
 	}
 	t.Fatal("no renewal within a contended lease")
+}
+
+// TestEngineExactLightKeyLeaves: an exact key (split bursts) whose traffic
+// here is light but steady leaves the exact placement within seconds: a
+// limit of 20/s burst 10 over 4 instances (a default share of 5/s; an
+// exact key leaves below half of it, 2.27/s with headroom) and a request
+// every 750 ms (1.33/s). Its demand window takes a sample a second, so
+// its samples span seconds, enough tokens to show it light beyond chance.
+// With a sample at every look (every 300 ms) they spanned 2.4 s with three
+// requests in it, never enough, and a key that was never idle stayed
+// exact, counted at its default share, for good.
+func TestEngineExactLightKeyLeaves(t *testing.T) {
+	loc, err := local.New(local.Config{Limit: 20, Burst: 10, Instances: eN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, loc: loc, n: eN}
+	r.eng = newEngine(Limit{Name: "api", Rate: 20, Burst: 10}, "me",
+		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+	decide(5).run(r, t0) // its default share's 2 tokens, then denials
+	if calls := tick().run(r, t0); len(calls) != 1 {
+		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
+	}
+	// Contended, with a fair share of 5/s: 2 tokens of burst, too few.
+	answer("grant", global.Lease{Granted: 2, Fair: 5, Contended: true, Burst: -1}).run(r, t0)
+	if le := r.eng.keys["k"]; le.state != stateExact {
+		t.Fatalf("state %v after the grant; want exact", le.state)
+	}
+	for at := eTick; at < 15*time.Second; at += eTick {
+		if at%(750*ms) == 0 {
+			r.loc.Allow(t0.Add(at), "k")
+		}
+		tick().run(r, t0.Add(at))
+		if le := r.eng.keys["k"]; le.state != stateExact {
+			if le.state != stateReleasing || at > 12*time.Second {
+				t.Fatalf("at %v: state %v; want releasing within 12 s", at, le.state)
+			}
+			t.Logf("left at %v", at)
+			return
+		}
+	}
+	t.Fatal("the light key stayed exact for 15 s")
 }

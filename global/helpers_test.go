@@ -64,14 +64,7 @@ func (f leaseField) holdsBurst(nowUS int64, burst, rate float64) float64 {
 		}
 		return 0
 	}
-	h := 0.0
-	if f.expiryUS > nowUS {
-		h = f.grantedB
-	}
-	if f.runningUS > nowUS+claimSlackUS {
-		h = max(h, f.runningB)
-	}
-	return h
+	return f.holdsOf(nowUS, f.grantedB, f.runningB)
 }
 
 // claimSlackUS is how long before its end a running grant is no longer
@@ -85,13 +78,17 @@ func (f leaseField) holdsBurst(nowUS int64, burst, rate float64) float64 {
 const claimSlackUS = 1000
 
 // holds is what the instance may be running at server time nowUS.
-func (f leaseField) holds(nowUS int64) float64 {
+func (f leaseField) holds(nowUS int64) float64 { return f.holdsOf(nowUS, f.granted, f.running) }
+
+// holdsOf is what the instance may hold at server time nowUS of something
+// granted and, until runningUS, running: its rate or its part of the burst.
+func (f leaseField) holdsOf(nowUS int64, granted, running float64) float64 {
 	h := 0.0
 	if f.expiryUS > nowUS {
-		h = f.granted
+		h = granted
 	}
 	if f.runningUS > nowUS+claimSlackUS {
-		h = max(h, f.running)
+		h = max(h, running)
 	}
 	return h
 }

@@ -35,13 +35,17 @@ type simKey struct {
 }
 
 // runs is what the instance runs at now, with default share def.
-func (s simKey) runs(now time.Time, def float64) float64 {
+func (s simKey) runs(now time.Time, def float64) float64 { return s.runsOf(now, def, s.run) }
+
+// runsOf is what the instance runs at now of something whose default is
+// def and whose lease gives it lease: its rate or its part of the burst.
+func (s simKey) runsOf(now time.Time, def, lease float64) float64 {
 	switch s.place {
 	case placeShare:
 		return def
 	case placeLease:
 		if s.until.After(now) {
-			return s.run
+			return lease
 		}
 	case placeReturn:
 		if !s.until.IsZero() && !s.until.After(now) {
@@ -80,21 +84,7 @@ func poolRate(h hashState, rate float64, n int) float64 {
 
 // runsBurst is the part of the burst the instance runs at now, with
 // default part defB.
-func (s simKey) runsBurst(now time.Time, defB float64) float64 {
-	switch s.place {
-	case placeShare:
-		return defB
-	case placeLease:
-		if s.until.After(now) {
-			return s.runB
-		}
-	case placeReturn:
-		if !s.until.IsZero() && !s.until.After(now) {
-			return defB
-		}
-	}
-	return 0
-}
+func (s simKey) runsBurst(now time.Time, defB float64) float64 { return s.runsOf(now, defB, s.runB) }
 
 // defaultBurst is the default part of a burst of burst of the instance
 // named id ("w<worker>-i<i>") among n, by its rank worker*perWorker+i:
@@ -125,7 +115,7 @@ func poolBurst(h hashState, burst, rate float64, n int) float64 {
 			recorded[id] = true
 		}
 		g := f
-		g.runningUS -= claimSlackUS // holdsBurst counts it until its end, as Redis does
+		g.runningUS += claimSlackUS // holdsBurst counts a claim until claimSlackUS before its end; Redis, to its end
 		held += g.holdsBurst(h.now, burst, rate)
 	}
 	for id, e := range h.exact {

@@ -580,3 +580,24 @@ func TestLeaseBurstCountedApart(t *testing.T) {
 		t.Errorf("without the burst: %+v, want Burst -1", got)
 	}
 }
+
+// TestLeaseBurstLeavesTheRemainder: a lease's part of the burst leaves the
+// unrecorded instances the burst's remainder their ranks may give them.
+// Burst 10 over 4 instances: default parts 3, 3, 2, 2, which Redis counts
+// as 2.5 each, less than the three unrecorded may hold (8, not 7.5), so an
+// instance that asks for the whole burst gets 2. Burst 8 splits evenly:
+// the three hold 6, and it gets 2 as well.
+func TestLeaseBurstLeavesTheRemainder(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	for _, tc := range []struct {
+		burst int
+		want  float64
+	}{{10, 2}, {8, 2}} {
+		got := lease(t, store, global.LeaseRequest{Limit: "rem", Key: fmt.Sprint(tc.burst), Instance: "a", Want: 100,
+			Rate: 100, Instances: 4, TTL: time.Second, Burst: tc.burst, WantBurst: float64(tc.burst)})
+		if math.Abs(got.Burst-tc.want) > 1e-9 {
+			t.Errorf("burst %d: %+v, want a part of %v", tc.burst, got, tc.want)
+		}
+	}
+}

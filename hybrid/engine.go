@@ -454,25 +454,6 @@ func (e *engine) heldShare(r float64, le *lease) local.Share {
 	return s
 }
 
-// leaseShare is the local share of a grant g that Redis made while
-// counting unrecorded peers at their default shares, n being N-hat: its
-// burst in proportion, less the tokens of the burst's remainder those peers
-// may hold by their ranks beyond burst/n each (see rank.go), rounded down.
-// Redis counts the unrecorded by rate alone, at burst/n of the burst each.
-func (e *engine) leaseShare(g float64, unrecorded, n int) local.Share {
-	s := e.share(g)
-	if unrecorded <= 0 || n <= 1 {
-		return s
-	}
-	rem := e.burst % n
-	extra := float64(min(unrecorded, rem)) - float64(unrecorded*rem)/float64(n)
-	if extra > 0 {
-		// The epsilon keeps a whole number of tokens whole.
-		s.Burst = max(0, int(math.Floor(float64(e.burst)*g/e.rate-extra+1e-9)))
-	}
-	return s
-}
-
 // collect appends to calls the requests due at now for the keys in stats
 // (a snapshot of the limit's keys), n being N-hat, and returns them with
 // the limit's gauges. The keys to ask the peers about are in e.asks.
@@ -1154,11 +1135,10 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 		// At the next tick: the loop's ticks are about a tick after sent.
 		le.renewAt = sent.Add(e.t.tick / 2)
 	}
-	share := e.leaseShare(res.Granted, res.Unrecorded, c.req.Instances)
-	if res.Burst >= 0 {
-		// Redis counted the burst apart: the grant holds the part it gave.
-		share.Burst = int(math.Floor(res.Burst + 1e-9))
-	}
+	// The grant holds the part of the burst Redis gave it, counted apart
+	// from the rate (request gives the limit's burst): rounded down, and
+	// none if the answer has none.
+	share := local.Share{Limit: rate.Limit(res.Granted), Burst: int(math.Floor(max(res.Burst, 0) + 1e-9))}
 	// The fair share's part of the burst says whether the split is too
 	// fine, not the grant: a grant starved until others shrink is not.
 	// Only an instance that wants more than its default share moves: one

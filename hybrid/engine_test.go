@@ -144,7 +144,7 @@ func answer(name string, res global.Lease) op {
 // grant answers the last tick's lease request of "k".
 func grant(granted, fair float64, contended bool) op {
 	return answer(fmt.Sprintf("grant(%v, fair %v, contended %v)", granted, fair, contended),
-		global.Lease{Granted: granted, Fair: fair, Contended: contended, Burst: -1})
+		global.Lease{Granted: granted, Fair: fair, Contended: contended, Burst: eBurst * granted / eRate})
 }
 
 // ack answers the last tick's release of "k": the instance may run its
@@ -309,12 +309,35 @@ func run(t *testing.T, tb table) *rig {
 		calls := s.do.run(r, now)
 		where := fmt.Sprintf("step %d (%v %s)", i, s.at, s.do.name)
 		r.checkCalls(where, calls, s.calls)
+		r.checkRunningBurst(where, calls)
 		r.checkKey(where, now, s)
 		if tb.after != nil {
 			tb.after(r, i)
 		}
 	}
 	return r
+}
+
+// checkRunningBurst checks that every request that asks for or records a
+// share says it runs at least the part of the burst its key's bucket runs
+// now (lower before telling): Redis counts the instance at that until the
+// answer is in force, and the burst parts held never sum above the burst
+// only if it does. A key marked for the exact placement runs nothing here.
+func (r *rig) checkRunningBurst(where string, calls []call) {
+	r.t.Helper()
+	for _, c := range calls {
+		if c.kind == callRelease || c.req.RunningFor <= 0 {
+			continue
+		}
+		st, ok := r.loc.Stats(c.req.Key)
+		if !ok || st.Mark != 0 {
+			continue
+		}
+		if c.req.Burst != eBurst || c.req.RunningBurst < float64(st.Share.Burst) {
+			r.t.Fatalf("%s: request %+v says it runs %v tokens of a burst of %d; the key runs %d",
+				where, c.req, c.req.RunningBurst, c.req.Burst, st.Share.Burst)
+		}
+	}
 }
 
 func (r *rig) checkCalls(where string, got []call, want []req) {
@@ -1093,6 +1116,25 @@ func youngAt450() float64 {
 	return (requests + youngSlack) / (450 * ms).Seconds() * headroom
 }
 
+// yieldedStep is a step that leaves "k" yielded, running share.
+func yieldedStep(at time.Duration, do op, share float64, calls ...req) step {
+	return step{at: at, do: do, calls: calls, state: stateYielded, share: leased(share)}
+}
+
+// youngYieldSteps are the steps of a key at 5/s asked to yield at 100 ms,
+// which yields to young, its young demand, at 450 ms and records it, up to
+// the tick at 500 ms.
+func youngYieldSteps(young float64) []step {
+	y := yieldedStep
+	steps := append(lowDemand()[:4], step{at: 100 * ms, do: peerAsks()})
+	steps = append(steps, lowDemand()[4:12]...)
+	return append(steps,
+		y(450*ms, tick(), young, yielding(young)),
+		y(450*ms, recorded(), young),
+		y(500*ms, tick(), young),
+	)
+}
+
 // TestEngineYieldedKeyLowers: a key that yielded young keeps what its
 // first requests showed; once its demand is measured over a second on
 // fallTokens decisions or more and falls below yieldLower of that, it
@@ -1101,17 +1143,9 @@ func youngAt450() float64 {
 // decisions are too few; at 2 s, eleven are enough.
 func TestEngineYieldedKeyLowers(t *testing.T) {
 	young := youngAt450()
-	y := func(at time.Duration, do op, share float64, calls ...req) step {
-		return step{at: at, do: do, calls: calls, state: stateYielded, share: leased(share)}
-	}
-	steps := append(lowDemand()[:4], step{at: 100 * ms, do: peerAsks()})
-	steps = append(steps, lowDemand()[4:12]...)
-	steps = append(steps,
-		y(450*ms, tick(), young, yielding(young)),
-		y(450*ms, recorded(), young),
-		y(450*ms, recordEnds(450*ms+eLife), young),
-	)
-	steps = append(steps, y(500*ms, tick(), young))
+	y := yieldedStep
+	steps := youngYieldSteps(young)
+	steps = append(steps, y(500*ms, recordEnds(450*ms+eLife), young))
 	for at := 550 * ms; at < 2*time.Second; at += eTick {
 		if at%(200*ms) == 0 {
 			steps = append(steps, y(at, decide(1), young))
@@ -1142,16 +1176,8 @@ func TestEngineYieldedKeyLowers(t *testing.T) {
 // for seconds).
 func TestEngineYieldedKeyLowersAfterAQuietTick(t *testing.T) {
 	young := youngAt450()
-	y := func(at time.Duration, do op, share float64, calls ...req) step {
-		return step{at: at, do: do, calls: calls, state: stateYielded, share: leased(share)}
-	}
-	steps := append(lowDemand()[:4], step{at: 100 * ms, do: peerAsks()})
-	steps = append(steps, lowDemand()[4:12]...)
-	steps = append(steps,
-		y(450*ms, tick(), young, yielding(young)),
-		y(450*ms, recorded(), young),
-	)
-	steps = append(steps, y(500*ms, tick(), young))
+	y := yieldedStep
+	steps := youngYieldSteps(young)
 	// Two decisions every 250 ms, the last at 1.9 s: 8/s, and quiet
 	// from there to the measurement at 2 s.
 	for at := 550 * ms; at < 2*time.Second; at += eTick {
@@ -1674,7 +1700,7 @@ func TestEngineStarvedByRate(t *testing.T) {
 	le := heldAt(r, 50, 88, time.Second)
 	c := call{req: global.LeaseRequest{Key: "k", Want: 88, Rate: eRate, Instances: eN, TTL: eCTTL, Running: 50, Held: true}, lease: le}
 	// 92% of its fair share, 6/s (6% of the rate) short of it.
-	r.eng.answered(t0, t0, &c, &global.Lease{Granted: 74, Fair: 80, Contended: true, Burst: -1})
+	r.eng.answered(t0, t0, &c, &global.Lease{Granted: 74, Fair: 80, Contended: true, Burst: eBurst * 74 / eRate})
 	if want := r.eng.clock.instant(t0.Add(soonTicks * eTick)); !le.renewAt.Equal(want) || !le.peersCouldYield(eRate) {
 		t.Fatalf("renews at %v, peers could yield %v; want %v and true", le.renewAt.Sub(r.eng.clock.instant(t0)), le.peersCouldYield(eRate), want.Sub(r.eng.clock.instant(t0)))
 	}
@@ -1804,7 +1830,7 @@ func TestEngineExactLightKeyLeaves(t *testing.T) {
 		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
 	}
 	// Contended, with a fair share of 5/s: 2 tokens of burst, too few.
-	answer("grant", global.Lease{Granted: 2, Fair: 5, Contended: true, Burst: -1}).run(r, t0)
+	answer("grant", global.Lease{Granted: 2, Fair: 5, Contended: true, Burst: 1}).run(r, t0)
 	if le := r.eng.keys["k"]; le.state != stateExact {
 		t.Fatalf("state %v after the grant; want exact", le.state)
 	}

@@ -165,32 +165,3 @@ func TestEngineZeroBurstShare(t *testing.T) {
 		t.Errorf("on the lease: %+v, want allowed", res)
 	}
 }
-
-// TestEngineLeaseShareLeavesTheRemainder: a grant made while peers were
-// counted at their default shares leaves them the burst's remainder their
-// ranks may give them. Burst 10 over 4 instances: default bursts 3, 3, 2,
-// 2; a grant of half the rate is 5 tokens with no peer unrecorded, but
-// with two unrecorded peers holding up to 6 (not 5), 4.
-func TestEngineLeaseShareLeavesTheRemainder(t *testing.T) {
-	e := newEngine(Limit{Name: "api", Rate: 100, Burst: 10}, "me", timings{}, nil)
-	for _, tc := range []struct {
-		granted    float64
-		unrecorded int
-		burst      int
-	}{
-		{50, 0, 5},
-		{50, 1, 4}, // up to 3 held by one, 2.5 counted
-		{50, 2, 4}, // up to 6 held by two, 5 counted
-		{25, 3, 2}, // up to 8 held by three, 7.5 counted
-		{100, 0, 10},
-	} {
-		if got := e.leaseShare(tc.granted, tc.unrecorded, 4).Burst; got != tc.burst {
-			t.Errorf("grant %v with %d unrecorded: burst %d, want %d", tc.granted, tc.unrecorded, got, tc.burst)
-		}
-	}
-	// Burst 8 over 4 splits evenly: nothing to leave.
-	e = newEngine(Limit{Name: "api", Rate: 100, Burst: 8}, "me", timings{}, nil)
-	if got := e.leaseShare(50, 2, 4).Burst; got != 4 {
-		t.Errorf("burst 8, grant of half with 2 unrecorded: burst %d, want 4", got)
-	}
-}

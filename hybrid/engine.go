@@ -832,12 +832,21 @@ func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats
 			le.sentAt = now
 			req := e.request(st.Key, le.granted, n, life)
 			req.Yield, req.Running, req.RunningFor = true, le.granted, life
-			// What it runs: it lowered to le.granted before telling (this
-			// tick's statistics may predate that), and an assigned share
-			// that admits anything runs at least one token.
+			// With split bursts a yield gives up rate, not its default
+			// part of the burst: its record keeps that part counted (at
+			// least what it runs, which is less), so that when its clients
+			// come back and it asks for a lease, the part is there for it,
+			// not held by the asker until the asker renews (pulse with
+			// Poisson arrivals: 0.96 against 0.99 when yields recorded only
+			// what they run). Not with exact bursts, whose keys start
+			// exact: the part would be taken from the pool they use
+			// (keys with exact bursts: 0.976 against 0.988).
 			b := float64(e.share(le.granted).Burst)
+			if !e.exactBursts {
+				b = max(b, float64(e.burst/max(n, 1)))
+			}
 			if le.granted > 0 {
-				b = max(b, 1)
+				b = max(b, 1) // an assigned share that admits anything runs a token
 			}
 			req.WantBurst, req.RunningBurst = b, b
 			return append(calls, call{req: req, lease: le, kind: callYield})

@@ -135,10 +135,11 @@ func testFault(t *testing.T, f fault) {
 	ks := keys(4)
 	h := startHammer(t, inst, names, ks)
 	normal := map[string]hybrid.Source{"local": hybrid.SourceLease, "open": hybrid.SourceLease, "closed": hybrid.SourceLease}
-	leasing := func() bool {
-		if !h.sourcesAre(normal) {
-			return false
-		}
+	// leased reports whether every instance holds leases again for every
+	// limit: what the engine did, read at once. leasing adds that the
+	// latest decisions came from leases, which also waits for the hammer's
+	// goroutines to decide again (they can lag on a busy machine).
+	leased := func() bool {
 		for _, l := range inst {
 			for _, name := range names {
 				if st, _ := l.Status(name); st.Degraded || st.FailingKeys != 0 || st.LeasedRate == 0 {
@@ -148,6 +149,7 @@ func testFault(t *testing.T, f fault) {
 		}
 		return true
 	}
+	leasing := func() bool { return h.sourcesAre(normal) && leased() }
 	eventually(t, 5*time.Second, "every limit decides on leases", leasing)
 
 	// Goroutines of the limiter and of its Redis clients, sampled while the
@@ -257,9 +259,10 @@ func testFault(t *testing.T, f fault) {
 		for i := range inst {
 			back[i] = rounds(i)
 		}
-		return leasing()
+		return leased()
 	})
 	t.Logf("leases back %v after the fault cleared", time.Since(cleared).Round(time.Millisecond))
+	eventually(t, 5*time.Second, "every limit decides on leases again", leasing)
 	for i := range inst {
 		// The first or second round sent after the clear brings the leases
 		// back; counted with them, one round that may have been on the

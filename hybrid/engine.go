@@ -451,6 +451,11 @@ func (e *engine) share(r float64) local.Share {
 func (e *engine) heldShare(r float64, le *lease) local.Share {
 	s := e.share(r)
 	s.Burst = min(s.Burst, int(le.burst))
+	if le.burst == 0 {
+		// A grant without a whole token runs nothing (granted): a share
+		// with a rate would run one.
+		return local.Share{}
+	}
 	return s
 }
 
@@ -560,15 +565,19 @@ func (e *engine) exactDue(now instant, def float64, st *local.KeyStats) bool {
 // admits as well for far fewer commands.
 func (e *engine) exactLeaves(d float64, tokens int64, span time.Duration, def float64) bool {
 	steady := d >= def*exactLeaveBelow && e.share(def).Burst >= exactBurstBelow
-	return exactHeavy(d, def, tokens, span) || steady
+	return e.exactHeavy(d, def, tokens, span) || steady
 }
 
 // exactHeavy reports whether an exact key whose demand is d, tokens over
 // span of its window, is heavy enough for a lease: above exactLeaseAbove
 // default shares def, beyond chance (surelyAbove). A few requests close
 // together on a young or sparse key measure a high rate that says nothing.
-func exactHeavy(d, def float64, tokens int64, span time.Duration) bool {
-	return d > def*exactLeaseAbove && surelyAbove(tokens, span, def*exactLeaseAbove)
+// Never with a burst below the instance count: Redis counts the other
+// instances at about burst/N-hat each (exact users and instances without a
+// record at that), so a grant would hold less than a whole token and send
+// the key back to the pool (granted): a request for nothing.
+func (e *engine) exactHeavy(d, def float64, tokens int64, span time.Duration) bool {
+	return e.share(def).Burst >= 1 && d > def*exactLeaseAbove && surelyAbove(tokens, span, def*exactLeaseAbove)
 }
 
 // untrackedMarked returns the keys held here that are marked (decided in
@@ -902,7 +911,7 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	// back costs it the pool's burst and Redis three commands. A key too
 	// sparse to show either leaves once idle.
 	light := d*headroom < def*exactLeaveBelow && surelyBelow(tokens, span, def*exactLeaveBelow/headroom)
-	heavy := exactHeavy(d, def, tokens, span)
+	heavy := e.exactHeavy(d, def, tokens, span)
 	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && !light && !heavy {
 		return calls
 	}
@@ -1154,7 +1163,21 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 	// that wants less is served by its lease, and would hand its share to
 	// the pool for nothing.
 	def := e.rate / float64(c.req.Instances)
-	if res.Contended && c.req.Want > def && e.exactSuits(res.Fair, c.req.Want) {
+	// A grant of a rate with less than a whole token of the burst cannot
+	// admit at that rate here: a bucket needs a token to admit anything,
+	// and running one that Redis did not grant would put the burst parts
+	// run above the burst (the others are granted what this grant leaves).
+	// Where the default share's part is under a token too (a burst below
+	// the instance count), no lease will ever hold one: the key decides
+	// against the pool, which holds the tokens. Otherwise the others hold
+	// nearly all of the burst for now (a young or starved grant): the key
+	// admits nothing until a grant with a token, and asks again soon.
+	noToken := share.Limit > 0 && share.Burst < 1
+	if noToken && e.share(def).Burst >= 1 {
+		share = local.Share{}
+		le.renewAt = minTime(le.renewAt, sent.Add(soonTicks*e.t.tick))
+	}
+	if (noToken && e.share(def).Burst < 1) || (res.Contended && c.req.Want > def && e.exactSuits(res.Fair, c.req.Want)) {
 		// Lower first (the key stops running its grant), then the first
 		// exact decision tells Redis, which drops the lease record then.
 		e.toExact(at, c.req.Key, le, markExactDropLease)

@@ -1529,7 +1529,8 @@ func heldAt(r *rig, granted, lastWant float64, renew time.Duration) *lease {
 	}
 	in := r.eng.clock.instant
 	le := &lease{state: stateHeld, granted: granted, fair: granted, contended: true, lastWant: lastWant,
-		sentAt: in(t0), attemptedAt: 1, until: in(t0.Add(2 * time.Second)), renewAt: in(t0.Add(renew)), quietAt: 1}
+		sentAt: in(t0), attemptedAt: 1, until: in(t0.Add(2 * time.Second)), renewAt: in(t0.Add(renew)), quietAt: 1,
+		burst: uint16(leased(granted).Burst)}
 	le.demand.open(in(t0))
 	r.eng.keys["k"] = le
 	return le
@@ -1848,4 +1849,104 @@ func TestEngineExactLightKeyLeaves(t *testing.T) {
 		}
 	}
 	t.Fatal("the light key stayed exact for 15 s")
+}
+
+// TestEngineGrantWithoutAWholeToken: a grant of a rate whose part of the
+// burst is under one token (a young or starved grant while the others hold
+// nearly all the burst) runs nothing until a grant with a token, and asks
+// again soon. A bucket needs a whole token to admit anything, and the
+// local limiter raises an assigned share with a rate to one: the key would
+// run a token Redis counts at less, and the parts run would sum above the
+// burst. With a burst below the instance count no grant would ever hold a
+// token: there the key decides against the pool (exact), which holds them.
+// A grant with a whole token runs it as before.
+func TestEngineGrantWithoutAWholeToken(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		burst int // the limit's, over eN instances
+		res   global.Lease
+		exact bool
+		runs  local.Share
+	}{
+		{"uncontended, 0.6 tokens", eBurst, global.Lease{Granted: 60, Fair: 60, Burst: 0.6}, false, local.Share{}},
+		// A fair share whose part of the burst splits well (6 tokens), so
+		// only the starved grant's part is short of a token.
+		{"contended, starved at 0.8 tokens", eBurst, global.Lease{Granted: 4, Fair: 30, Contended: true, Burst: 0.8}, false, local.Share{}},
+		{"uncontended, 1 token", eBurst, global.Lease{Granted: 60, Fair: 60, Burst: 1}, false, local.Share{Limit: 60, Burst: 1}},
+		{"a burst below the instance count, 0.5 tokens", 2, global.Lease{Granted: 60, Fair: 60, Burst: 0.5}, true, local.Share{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			loc, err := local.New(local.Config{Limit: eRate, Burst: tc.burst, Instances: eN})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &rig{t: t, loc: loc, n: eN}
+			r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: tc.burst}, "me",
+				timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+			decide(3*eBurst).run(r, t0) // the default share's tokens, then denials
+			if calls := tick().run(r, t0); len(calls) != 1 {
+				t.Fatalf("%d requests; want the one asking for a lease", len(calls))
+			}
+			answer("grant", tc.res).run(r, t0)
+			st, _ := r.loc.Stats("k")
+			le := r.eng.keys["k"]
+			if (le.state == stateExact) != tc.exact || (!tc.exact && (le.state != stateHeld || st.Share != tc.runs)) {
+				t.Fatalf("state %v, running %+v; want exact %v, or held running %+v", le.state, st.Share, tc.exact, tc.runs)
+			}
+			// Whatever it does, it never admits in process more tokens at
+			// once than Redis granted it: the whole part, rounded down.
+			admitted := 0
+			for range 3 * eBurst {
+				if res := r.loc.Allow(t0, "k"); res.Allowed {
+					admitted++
+				}
+			}
+			if admitted > int(tc.res.Burst) {
+				t.Errorf("admitted %d at once in process; Redis granted a part of %v tokens", admitted, tc.res.Burst)
+			}
+			if !tc.exact && tc.runs == (local.Share{}) {
+				// Held at nothing: it asks again within soonTicks.
+				for at := eTick; at <= soonTicks*eTick; at += eTick {
+					if calls := tick().run(r, t0.Add(at)); len(calls) == 1 {
+						return
+					}
+				}
+				t.Errorf("no request within %d ticks of a grant without a token", soonTicks)
+			}
+		})
+	}
+}
+
+// TestEngineExactHeavyBelowATokenStays: with a burst below the instance
+// count (2 tokens over 4 instances), a lease would hold less than a whole
+// token (TestEngineGrantWithoutAWholeToken), so a key that went exact for
+// that stays exact however heavy it is, rather than ask for a lease that
+// would send it back at every look.
+func TestEngineExactHeavyBelowATokenStays(t *testing.T) {
+	loc, err := local.New(local.Config{Limit: 20, Burst: 2, Instances: eN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, loc: loc, n: eN}
+	r.eng = newEngine(Limit{Name: "api", Rate: 20, Burst: 2}, "me",
+		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+	decide(5).run(r, t0)
+	if calls := tick().run(r, t0); len(calls) != 1 {
+		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
+	}
+	// Half a token: the others count at burst/4 each.
+	answer("grant", global.Lease{Granted: 20, Fair: 20, Burst: 0.5}).run(r, t0)
+	if le := r.eng.keys["k"]; le.state != stateExact {
+		t.Fatalf("state %v after the grant; want exact", le.state)
+	}
+	// 100/s here, 20 default shares: far above exactLeaseAbove.
+	for at := eTick; at <= 3*time.Second; at += eTick {
+		decide(5).run(r, t0.Add(at))
+		if calls := tick().run(r, t0.Add(at)); len(calls) > 0 {
+			t.Fatalf("at %v: %d requests (%+v); want none, the key deciding exactly", at, len(calls), calls[0].req)
+		}
+		if le := r.eng.keys["k"]; le.state != stateExact {
+			t.Fatalf("at %v: state %v; want exact", at, le.state)
+		}
+	}
 }

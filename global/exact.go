@@ -14,9 +14,10 @@ import (
 // The instance becomes an exact user of the key: a record "x:<Instance>" in
 // the key's lease hash, which lives until TTL after its latest take, and
 // counts it as having given its default share, Rate/Instances, to the pool.
-// If it drops a lease below that share, the record also lives until the
-// leases granted to others meanwhile have ended, so that a release of the
-// record lets it run its default share at once.
+// If it drops a lease below that share, or takes the record while waiting
+// out the release of such a lease (see Lease.Expires), the record keeps
+// when the leases granted to others meanwhile end: a release of the record
+// lets it run its default share only then, and at once otherwise.
 // Its lease, if it had one, is dropped: it must stop running that lease
 // before it asks; unless KeepLease is set, for an instance on its way from
 // exact decisions to a lease. Store.Release, or a Lease with Want 0, ends

@@ -117,9 +117,17 @@ end
 -- granted meanwhile have ended: a release of the record then lets it run
 -- its default share at once (see lease.lua).
 local expiry = math.max(now + ttl, h.own_x or 0)
+-- clean is until when leases granted while the caller was counted below
+-- its default share may run: a release of its exact record lets it run
+-- that share only then (lease.lua). Kept from its record, from a release
+-- it is still waiting out ("w:"), and from a lower lease dropped here.
+local clean = math.max(h.own_x_clean or 0, h.own_w or 0)
 if h.own ~= nil and kept == nil then
   h.dead[#h.dead + 1] = self
-  if holds(h.own, now) < share then expiry = math.max(expiry, h.leases_end) end
+  if holds(h.own, now) < share or holds_burst(h.own, now, burst, rate) < burst / n - 1e-9 then
+    expiry = math.max(expiry, h.leases_end)
+    clean = math.max(clean, h.leases_end)
+  end
 end
 hdel(key, h.dead)
 
@@ -233,7 +241,11 @@ end
 
 local last = h.last
 if kept == nil then
-  redis.call('HSET', key, self_x, string.format('%d', expiry))
+  if clean > now then
+    redis.call('HSET', key, self_x, string.format('%d %d', expiry, clean))
+  else
+    redis.call('HSET', key, self_x, string.format('%d', expiry))
+  end
   last = math.max(last, expiry)
 end
 redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))

@@ -140,6 +140,7 @@ type hashState struct {
 	credit map[string]string     // exact users' credit, "tokens until_us", by instance
 	lost   int64                 // until when Redis lost leases, 0 if not
 	queue  string                // the latest turn handed out, "at_us instance", "" if none
+	wait   map[string]int64      // when instances that released a lower record may run their default share (us), by instance
 }
 
 // readHash reads the hash at key and the server time in one step.
@@ -157,7 +158,8 @@ func readHash(rdb *redis.Client, key string) (hashState, error) {
 		return hashState{}, err
 	}
 	kv, _ := v[2].([]any)
-	h := hashState{now: sec*1_000_000 + us, leases: map[string]leaseField{}, exact: map[string]int64{}, credit: map[string]string{}}
+	h := hashState{now: sec*1_000_000 + us, leases: map[string]leaseField{}, exact: map[string]int64{}, credit: map[string]string{},
+		wait: map[string]int64{}}
 	for i := 0; i+1 < len(kv); i += 2 {
 		id, val := fmt.Sprint(kv[i]), fmt.Sprint(kv[i+1])
 		switch {
@@ -170,11 +172,15 @@ func readHash(rdb *redis.Client, key string) (hashState, error) {
 		case strings.HasPrefix(id, "c:"):
 			h.credit[id[2:]] = val
 		case strings.HasPrefix(id, "x:"):
-			h.exact[id[2:]], err = strconv.ParseInt(val, 10, 64)
+			// "expiry_us", or "expiry_us clean_us".
+			e, _, _ := strings.Cut(val, " ")
+			h.exact[id[2:]], err = strconv.ParseInt(e, 10, 64)
+		case strings.HasPrefix(id, "w:"):
+			h.wait[id[2:]], err = strconv.ParseInt(val, 10, 64)
 		case strings.HasPrefix(id, "i:"):
 			h.leases[id[2:]], err = parseLeaseField(val)
 		default:
-			err = fmt.Errorf("want i:, x:, c:, p, q or lost")
+			err = fmt.Errorf("want i:, x:, w:, c:, p, q or lost")
 		}
 		if err != nil {
 			return hashState{}, fmt.Errorf("lease hash field %s=%q: %w", id, val, err)

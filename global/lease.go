@@ -169,10 +169,13 @@ type Lease struct {
 	// Expires is the Redis server time at which the lease ends. For a
 	// release, it is when the instance may run its default share again:
 	// the request's own time if its live record counted it at that share or
-	// more (a lease, or an exact record); otherwise (a lower record, or one
-	// that lapsed) when the other instances' leases, which may have been
-	// granted what it did not hold, have all ended. An instance whose
-	// record lapsed returns to its default share this way too.
+	// more (a lease, or an exact record) and no lease granted while it was
+	// counted lower still runs; otherwise (a lower record, or one that
+	// lapsed) when the other instances' leases, which may have been granted
+	// what it did not hold, have all ended. An exact record taken after a
+	// lower lease, or while waiting out such a release, keeps that wait.
+	// An instance whose record lapsed returns to its default share this
+	// way too.
 	Expires time.Time
 	// Lost reports that Redis lost leases that instances may still run, less
 	// than the longest lease ago: Granted is then at most the request's

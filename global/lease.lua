@@ -209,15 +209,22 @@ local drained = 0
 if release then
   redis.call('HDEL', key, self, self_x)
   -- Counted at its default share from now on: it may run that share at
-  -- once if its record counted it at least that (an exact record does,
-  -- and outlives any lease granted while it was counted lower, see
-  -- exact.lua); otherwise -- a lower record, or one that has lapsed and
-  -- may have been lower -- once the others' leases, which may have been
-  -- granted what it did not hold, have ended.
-  local counted_share = h.own_x ~= nil or (h.own ~= nil and holds(h.own, now) >= share
-    and (burst == nil or holds_burst(h.own, now, burst, rate) >= burst / n - 1e-9))
-  if not counted_share then
+  -- once if its record counted it at least that and every lease granted
+  -- while it was counted lower has ended (an exact record says until
+  -- when such leases may run, see exact.lua); otherwise -- a lower
+  -- record, or one that has lapsed and may have been lower -- once the
+  -- others' leases, which may have been granted what it did not hold,
+  -- have ended. A release it is still waiting out ("w:") holds too.
+  if h.own_x ~= nil then
+    expiry = math.max(now, h.own_x_clean or 0)
+  elseif not (h.own ~= nil and holds(h.own, now) >= share
+    and (burst == nil or holds_burst(h.own, now, burst, rate) >= burst / n - 1e-9)) then
     expiry = math.max(now, h.leases_end)
+  end
+  expiry = math.max(expiry, h.own_w or 0)
+  if expiry > now then
+    redis.call('HSET', key, 'w:' .. inst, string.format('%d', expiry))
+    last = math.max(last, expiry)
   end
 else
   expiry = now + ttl

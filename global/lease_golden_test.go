@@ -79,9 +79,11 @@ func TestLeaseScriptGolden(t *testing.T) {
 		{5000, false, "d 0 5 0 0 0 0", "0 0 15 1 1005000000 0",
 			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000", 9000},
 		// c releases a record of 0: a's and b's grants counted it at 0, so
-		// it may run its default share only once they have ended.
+		// it may run its default share only once they have ended, which
+		// its "w:" record keeps (an exact record it takes before then
+		// keeps it too).
 		{5500, false, "c 0 5 0 0 0 0", "0 0 17 1 1014000000 0",
-			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000", 8500},
+			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 w:c=1014000000", 8500},
 		// Redis lost everything; a says it holds a grant, running 1: lost
 		// until MaxTTL from now, and a may not grow beyond 1.
 		{6000, true, "a 4 5 1 4000000 0 1", "1 2 12 1 1016000000 1",

@@ -14,7 +14,16 @@
 --                   (lease.lua's ARGV[14]). A record without them holds
 --                   the burst in proportion to its rate;
 --   "x:<instance>"  an exact user, which decides each request against the
---                   pool and runs nothing locally: "expiry_us";
+--                   pool and runs nothing locally: "expiry_us", or
+--                   "expiry_us clean_us" when leases granted while the
+--                   instance was counted below its default share (before
+--                   it became exact) may run until clean_us: a release of
+--                   the record lets it run its default share only then;
+--   "w:<instance>"  "back_us": the instance released a record that counted
+--                   it below its default share, and may run that share
+--                   only from back_us on (lease.lua's release); an exact
+--                   record it takes before then keeps back_us as its
+--                   clean_us;
 --   "c:<instance>"  credit: tokens an exact user took from the pool ahead
 --                   of its requests, which it may admit locally until
 --                   then: "tokens until_us". Counted against the pool's
@@ -134,6 +143,8 @@ end
 --   leases_end when the latest of the others' leases ends, or 0;
 --   own       this instance's live lease (decoded), or nil;
 --   own_x     when this instance's live "x:" record ends, or nil;
+--   own_x_clean ... and its clean_us, or nil if it has none;
+--   own_w     this instance's live "w:" record (back_us), or nil;
 --   credits   the live credit of every instance, this one's included;
 --   own_c     this instance's live credit {tokens, ends}, or nil;
 --   lost      until when Redis lost leases, nil if it did not or that ended;
@@ -168,12 +179,24 @@ local function read_hash(fields, inst, now, burst, rate)
         h.lost = e
         h.last = math.max(h.last, e)
       end
-    elseif kind == 'x:' then
+    elseif kind == 'w:' then
       local e = tonumber(v)
       if not e or e <= now then
         h.dead[#h.dead + 1] = id
+      else
+        if who == inst then h.own_w = e end
+        h.last = math.max(h.last, e)
+      end
+    elseif kind == 'x:' then
+      local a, c = string.match(v, '^(%S+) (%S+)$')
+      if not a then a = v end
+      local e = tonumber(a)
+      if c ~= nil then c = tonumber(c) end
+      if not e or e <= now or (a ~= v and c == nil) then
+        h.dead[#h.dead + 1] = id
       elseif id == self_x then
         h.own_x = e
+        if c ~= nil and c > now then h.own_x_clean = c end
       else
         h.exact = h.exact + 1
         if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end

@@ -98,7 +98,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
 local share = rate / n
 
-local h = read_hash(redis.call('HGETALL', key), inst, now, burst, rate)
+local h = read_hash(redis.call('HGETALL', key), inst, now, burst, rate, n)
 -- kept is the caller's live lease when keep_lease keeps it: Redis counts
 -- the caller at that lease, as it counts the others', and the caller takes
 -- from the pool without an exact record. lease.lua turns an exact record
@@ -125,8 +125,8 @@ local clean = math.max(h.own_x_clean or 0, h.own_w or 0)
 if h.own ~= nil and kept == nil then
   h.dead[#h.dead + 1] = self
   if holds(h.own, now) < share or holds_burst(h.own, now, burst, rate) < burst / n - 1e-9 then
-    expiry = math.max(expiry, h.leases_end)
-    clean = math.max(clean, h.leases_end)
+    expiry = math.max(expiry, h.above_end)
+    clean = math.max(clean, h.above_end)
   end
 end
 hdel(key, h.dead)

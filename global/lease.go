@@ -171,9 +171,10 @@ type Lease struct {
 	// the request's own time if its live record counted it at that share or
 	// more (a lease, or an exact record) and no lease granted while it was
 	// counted lower still runs; otherwise (a lower record, or one that
-	// lapsed) when the other instances' leases, which may have been granted
-	// what it did not hold, have all ended. An exact record taken after a
-	// lower lease, or while waiting out such a release, keeps that wait.
+	// lapsed) when the other instances' leases stop holding more than their
+	// own default shares (rate or burst part): only those may have been
+	// granted what it did not hold. An exact record taken after a lower
+	// lease, or while waiting out such a release, keeps that wait.
 	// An instance whose record lapsed returns to its default share this
 	// way too.
 	Expires time.Time

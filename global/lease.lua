@@ -147,7 +147,7 @@ local self, self_x = 'i:' .. inst, 'x:' .. inst
 local share = rate / n
 local release = want == 0 and not yield
 
-local h = read_hash(redis.call('HGETALL', key), inst, now, burst, rate)
+local h = read_hash(redis.call('HGETALL', key), inst, now, burst, rate, n)
 hdel(key, h.dead)
 
 -- A grant this instance runs has no record: Redis lost it, and perhaps the
@@ -213,13 +213,14 @@ if release then
   -- while it was counted lower has ended (an exact record says until
   -- when such leases may run, see exact.lua); otherwise -- a lower
   -- record, or one that has lapsed and may have been lower -- once the
-  -- others' leases, which may have been granted what it did not hold,
-  -- have ended. A release it is still waiting out ("w:") holds too.
+  -- others' leases stop holding more than their default shares: only
+  -- what a lease holds above its own share can be what this instance
+  -- did not hold. A release it is still waiting out ("w:") holds too.
   if h.own_x ~= nil then
     expiry = math.max(now, h.own_x_clean or 0)
   elseif not (h.own ~= nil and holds(h.own, now) >= share
     and (burst == nil or holds_burst(h.own, now, burst, rate) >= burst / n - 1e-9)) then
-    expiry = math.max(now, h.leases_end)
+    expiry = math.max(now, h.above_end)
   end
   expiry = math.max(expiry, h.own_w or 0)
   if expiry > now then

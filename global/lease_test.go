@@ -792,3 +792,32 @@ func TestLeaseLost(t *testing.T) {
 		t.Errorf("a after Lost ended: %+v, want granted 50", got)
 	}
 }
+
+// TestReleaseWaitsOnlyForLeasesAboveTheirShare: an instance that releases
+// a record below its default share waits, before it runs that share again,
+// for the others' leases that hold more than their own default shares to
+// end: only those can hold what it did not. A long yield record below its
+// share does not hold it up (it did when the wait was for every lease).
+func TestReleaseWaitsOnlyForLeasesAboveTheirShare(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	const rate, n = 10.0, 4 // default share 2.5
+	req := func(inst string, want float64, ttl time.Duration) global.LeaseRequest {
+		return global.LeaseRequest{Limit: "above", Key: "k", Instance: inst, Want: want, Rate: rate,
+			Instances: n, TTL: ttl, MaxTTL: 20 * time.Second}
+	}
+	yield := func(inst string, want float64, ttl time.Duration) {
+		y := req(inst, want, ttl)
+		y.Yield = true
+		lease(t, store, y)
+	}
+	yield("c", 0, 10*time.Second)
+	yield("b", 1, 20*time.Second) // below its share, for longer than a's grant
+	if a := lease(t, store, req("a", rate, 5*time.Second)); a.Granted <= rate/n {
+		t.Fatalf("a is granted %v; the test needs more than its default share %v", a.Granted, rate/n)
+	}
+	r := lease(t, store, req("c", 0, time.Second))
+	if r.In < 4*time.Second || r.In > 6*time.Second {
+		t.Errorf("c's release: back in %v; want when a's grant ends, about 5s, not when b's yield does (20s)", r.In)
+	}
+}

@@ -910,7 +910,12 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	// here with a request or none now and then, and each move out and
 	// back costs it the pool's burst and Redis three commands. A key too
 	// sparse to show either leaves once idle.
-	light := d*headroom < def*exactLeaveBelow && surelyBelow(tokens, span, def*exactLeaveBelow/headroom)
+	// Not while the default share's part of the burst is under a token (a
+	// burst below the instance count): the share would admit nothing, and
+	// the key would wait out the release of its record, counted at that
+	// share, while the others' pool went without it.
+	light := e.share(def).Burst >= 1 && d*headroom < def*exactLeaveBelow &&
+		surelyBelow(tokens, span, def*exactLeaveBelow/headroom)
 	heavy := e.exactHeavy(d, def, tokens, span)
 	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && !light && !heavy {
 		return calls

@@ -1917,36 +1917,50 @@ func TestEngineGrantWithoutAWholeToken(t *testing.T) {
 	}
 }
 
-// TestEngineExactHeavyBelowATokenStays: with a burst below the instance
-// count (2 tokens over 4 instances), a lease would hold less than a whole
-// token (TestEngineGrantWithoutAWholeToken), so a key that went exact for
-// that stays exact however heavy it is, rather than ask for a lease that
-// would send it back at every look.
-func TestEngineExactHeavyBelowATokenStays(t *testing.T) {
-	loc, err := local.New(local.Config{Limit: 20, Burst: 2, Instances: eN})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rig{t: t, loc: loc, n: eN}
-	r.eng = newEngine(Limit{Name: "api", Rate: 20, Burst: 2}, "me",
-		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
-	decide(5).run(r, t0)
-	if calls := tick().run(r, t0); len(calls) != 1 {
-		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
-	}
-	// Half a token: the others count at burst/4 each.
-	answer("grant", global.Lease{Granted: 20, Fair: 20, Burst: 0.5}).run(r, t0)
-	if le := r.eng.keys["k"]; le.state != stateExact {
-		t.Fatalf("state %v after the grant; want exact", le.state)
-	}
-	// 100/s here, 20 default shares: far above exactLeaseAbove.
-	for at := eTick; at <= 3*time.Second; at += eTick {
-		decide(5).run(r, t0.Add(at))
-		if calls := tick().run(r, t0.Add(at)); len(calls) > 0 {
-			t.Fatalf("at %v: %d requests (%+v); want none, the key deciding exactly", at, len(calls), calls[0].req)
-		}
-		if le := r.eng.keys["k"]; le.state != stateExact {
-			t.Fatalf("at %v: state %v; want exact", at, le.state)
-		}
+// TestEngineExactBelowATokenStays: with a burst below the instance count
+// (2 tokens over 4 instances), a lease would hold less than a whole token
+// (TestEngineGrantWithoutAWholeToken) and the default share holds none, so
+// a key that went exact for that stays exact however heavy or light it is,
+// rather than ask for a lease that would send it back at every look, or
+// release its record for a share that admits nothing and wait that
+// release out, counted at that share, while the pool goes without it.
+func TestEngineExactBelowATokenStays(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		every time.Duration // a decision every
+	}{
+		{"heavy", eTick / 5},   // 100/s, 20 default shares
+		{"light", time.Second}, // 1/s, a fifth of a default share
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			loc, err := local.New(local.Config{Limit: 20, Burst: 2, Instances: eN})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &rig{t: t, loc: loc, n: eN}
+			r.eng = newEngine(Limit{Name: "api", Rate: 20, Burst: 2}, "me",
+				timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+			decide(5).run(r, t0)
+			if calls := tick().run(r, t0); len(calls) != 1 {
+				t.Fatalf("%d requests; want the one asking for a lease", len(calls))
+			}
+			// Half a token: the others count at burst/4 each.
+			answer("grant", global.Lease{Granted: 20, Fair: 20, Burst: 0.5}).run(r, t0)
+			if le := r.eng.keys["k"]; le.state != stateExact {
+				t.Fatalf("state %v after the grant; want exact", le.state)
+			}
+			next := t0
+			for at := eTick; at <= 15*time.Second; at += eTick {
+				for ; !next.After(t0.Add(at)); next = next.Add(tc.every) {
+					r.loc.Allow(next, "k")
+				}
+				if calls := tick().run(r, t0.Add(at)); len(calls) > 0 {
+					t.Fatalf("at %v: %d requests (%+v); want none, the key deciding exactly", at, len(calls), calls[0].req)
+				}
+				if le := r.eng.keys["k"]; le.state != stateExact {
+					t.Fatalf("at %v: state %v; want exact", at, le.state)
+				}
+			}
+		})
 	}
 }

@@ -53,18 +53,18 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 		// their own requests. This floor only keeps it from getting worse.
 		{"skewed/keys=50", 4, 50, 20, 10, true, 0.75},
 		// A burst below the instance count (2 tokens over 4 instances):
-		// a lease would hold under a whole token, so the key is decided
-		// against its pool (exact) by every instance that wants more than
-		// its default share; the default shares of two instances hold no
-		// token at all. Invariant 1 holds (before, such grants ran a
-		// token Redis had not granted). NOT invariant 2, a known limit in
-		// the README: the pool's one or two tokens are taken in turns, and
-		// a turn its instance has no request for leaves the token unused
-		// (balanced 0.92-0.99 of the exact bucket; skewed 0.65, and 0.21
-		// before the change above). These floors only keep it from
-		// getting worse.
+		// a lease would hold under a whole token and the default shares of
+		// two instances hold none, so every instance that wants more than
+		// its default share decides against the key's pool (exact) and
+		// stays there until idle. Invariant 1 holds (before, such grants
+		// ran a token Redis had not granted). NOT quite invariant 2, a
+		// known limit in the README: the pool's tokens are taken in turns,
+		// and a turn whose instance has no request leaves its token
+		// unused (balanced 0.92-0.99 of the exact bucket, skewed 0.94;
+		// skewed measured 0.21 before these changes). These floors only
+		// keep it from getting worse.
 		{"balanced/burst=2", 4, 1, 200, 2, false, 0.85},
-		{"skewed/burst=2", 4, 1, 200, 2, true, 0.55},
+		{"skewed/burst=2", 4, 1, 200, 2, true, 0.85},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			instances := tc.instances

@@ -451,13 +451,36 @@ func (e *engine) share(r float64) local.Share {
 func (e *engine) heldShare(r float64, le *lease) local.Share {
 	s := e.share(r)
 	s.Burst = min(s.Burst, int(le.burst))
-	if le.burst == 0 {
-		// A grant without a whole token runs nothing (granted): a share
-		// with a rate would run one.
+	return runnable(s, float64(le.burst))
+}
+
+// runnable is share s as a key's bucket may run it while Redis counts this
+// instance at part tokens of the burst. The local limiter raises an
+// assigned share with a rate to a whole token (local.Share): a share whose
+// counted part is under one token therefore runs nothing, or it would run
+// a token that Redis counts at its fraction, and the parts run would sum
+// above the burst.
+func runnable(s local.Share, part float64) local.Share {
+	if s.Limit > 0 && s.Burst < 1 && part < 1-1e-9 {
 		return local.Share{}
 	}
 	return s
 }
+
+// yieldShare is the local share of a key that yields to a rate d, n being
+// N-hat: its burst in proportion, runnable while Redis counts it as it
+// counts an instance without a record, until the yield is recorded: at
+// burst/n at least. With a burst below the instance count that is under a
+// token, and a yield below a token of its own keeps nothing.
+func (e *engine) yieldShare(d float64, n int) local.Share {
+	return runnable(e.share(d), float64(e.burst/max(n, 1)))
+}
+
+// tokenless reports whether a default share def of the limit holds less
+// than a whole token of its burst (a burst below the instance count):
+// Redis counts every other instance at about that part, so no lease of
+// the key holds a token either, and the key's share admits nothing.
+func (e *engine) tokenless(def float64) bool { return e.share(def).Burst < 1 }
 
 // collect appends to calls the requests due at now for the keys in stats
 // (a snapshot of the limit's keys), n being N-hat, and returns them with
@@ -577,7 +600,7 @@ func (e *engine) exactLeaves(d float64, tokens int64, span time.Duration, def fl
 // record at that), so a grant would hold less than a whole token and send
 // the key back to the pool (granted): a request for nothing.
 func (e *engine) exactHeavy(d, def float64, tokens int64, span time.Duration) bool {
-	return e.share(def).Burst >= 1 && d > def*exactLeaseAbove && surelyAbove(tokens, span, def*exactLeaseAbove)
+	return !e.tokenless(def) && d > def*exactLeaseAbove && surelyAbove(tokens, span, def*exactLeaseAbove)
 }
 
 // untrackedMarked returns the keys held here that are marked (decided in
@@ -671,7 +694,7 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 		if !le.measured && !e.degraded && !le.askedAt.IsZero() && now.Sub(le.askedAt) < askEvery {
 			// A peer asked it to yield lately (yieldAsked).
 			if d, ok := youngDemand(now, st, &le.demand); ok && d < def*yieldBelow {
-				e.yieldTo(now, st.Key, le, d)
+				e.yieldTo(now, st.Key, le, d, n)
 				return e.stepYielded(now, n, def, st, le, false, calls)
 			}
 		}
@@ -819,7 +842,7 @@ func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats
 	life := e.t.uncontendedTTL * yieldLife
 	if d := le.demandNow * headroom; !denied && !le.wantsLease && le.measured && now.Sub(le.askedAt) < life/2 &&
 		d < le.granted*yieldLower && le.demand.lastAt() == now && le.measuredOn &&
-		e.shares.Assign(now, st.Key, e.share(d), now.Add(2*life)) {
+		e.shares.Assign(now, st.Key, e.yieldShare(d, n), now.Add(2*life)) {
 		// It kept more than it needs (a young key yields on what its
 		// first requests showed): lower to what it measured, then say so,
 		// to Redis and to the peers (freed), which take the difference.
@@ -850,11 +873,12 @@ func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats
 			// what they run). Not with exact bursts, whose keys start
 			// exact: the part would be taken from the pool they use
 			// (keys with exact bursts: 0.976 against 0.988).
-			b := float64(e.share(le.granted).Burst)
+			run := e.yieldShare(le.granted, n)
+			b := float64(run.Burst)
 			if !e.exactBursts {
 				b = max(b, float64(e.burst/max(n, 1)))
 			}
-			if le.granted > 0 {
+			if run.Limit > 0 {
 				b = max(b, 1) // an assigned share that admits anything runs a token
 			}
 			req.WantBurst, req.RunningBurst = b, b
@@ -914,7 +938,7 @@ func (e *engine) stepExact(now instant, n int, def float64, st *local.KeyStats, 
 	// burst below the instance count): the share would admit nothing, and
 	// the key would wait out the release of its record, counted at that
 	// share, while the others' pool went without it.
-	light := e.share(def).Burst >= 1 && d*headroom < def*exactLeaveBelow &&
+	light := !e.tokenless(def) && d*headroom < def*exactLeaveBelow &&
 		surelyBelow(tokens, span, def*exactLeaveBelow/headroom)
 	heavy := e.exactHeavy(d, def, tokens, span)
 	if now.Sub(e.clock.instant(st.LastSeen)) < e.t.uncontendedTTL/renewDivisor && !light && !heavy {
@@ -1114,7 +1138,7 @@ func (e *engine) answered(atTime, sentTime time.Time, c *call, res *global.Lease
 			// ended one lifetime from now.
 			le.until = at.Add(life)
 			le.renewAt = sent.Add(life / 3)
-			e.shares.Assign(at, c.req.Key, e.share(le.granted), le.until)
+			e.shares.Assign(at, c.req.Key, e.yieldShare(le.granted, c.req.Instances), le.until)
 		}
 		return false, recovered
 	}
@@ -1178,11 +1202,11 @@ func (e *engine) granted(at, sent instant, c *call, res *global.Lease) bool {
 	// nearly all of the burst for now (a young or starved grant): the key
 	// admits nothing until a grant with a token, and asks again soon.
 	noToken := share.Limit > 0 && share.Burst < 1
-	if noToken && e.share(def).Burst >= 1 {
-		share = local.Share{}
+	share = runnable(share, max(res.Burst, 0))
+	if noToken && !e.tokenless(def) {
 		le.renewAt = minTime(le.renewAt, sent.Add(soonTicks*e.t.tick))
 	}
-	if (noToken && e.share(def).Burst < 1) || (res.Contended && c.req.Want > def && e.exactSuits(res.Fair, c.req.Want)) {
+	if (noToken && e.tokenless(def)) || (res.Contended && c.req.Want > def && e.exactSuits(res.Fair, c.req.Want)) {
 		// Lower first (the key stops running its grant), then the first
 		// exact decision tells Redis, which drops the lease record then.
 		e.toExact(at, c.req.Key, le, markExactDropLease)
@@ -1266,7 +1290,7 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 		if d >= def*yieldBelow {
 			return
 		}
-		e.yieldTo(now, key, le, d)
+		e.yieldTo(now, key, le, d, n)
 		return
 	case le.state == stateYielded:
 	case le.state == stateHeld || le.state == stateLapsed:
@@ -1289,8 +1313,8 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 
 // yieldTo lowers a key in the share placement to d, asked at now by a
 // peer, and has it record the yield at once: lower before telling.
-func (e *engine) yieldTo(now instant, key string, le *lease, d float64) {
-	if !e.shares.Assign(now, key, e.share(d), now.Add(2*e.t.uncontendedTTL*yieldLife)) {
+func (e *engine) yieldTo(now instant, key string, le *lease, d float64, n int) {
+	if !e.shares.Assign(now, key, e.yieldShare(d, n), now.Add(2*e.t.uncontendedTTL*yieldLife)) {
 		return
 	}
 	le.state, le.granted, le.until = stateYielded, d, 0

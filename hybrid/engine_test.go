@@ -53,7 +53,14 @@ type rig struct {
 
 func newRig(t *testing.T, exactBursts bool) *rig {
 	t.Helper()
-	loc, err := local.New(local.Config{Limit: eRate, Burst: eBurst, Instances: eN})
+	return rigFor(t, eRate, eBurst, exactBursts)
+}
+
+// rigFor is newRig for a limit of lim tokens per second and burst over eN
+// instances.
+func rigFor(t *testing.T, lim float64, burst int, exactBursts bool) *rig {
+	t.Helper()
+	loc, err := local.New(local.Config{Limit: rate.Limit(lim), Burst: burst, Instances: eN})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +69,7 @@ func newRig(t *testing.T, exactBursts bool) *rig {
 		loc.SetNewMark(markExact)
 	}
 	r := &rig{t: t, loc: loc, n: eN}
-	r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: eBurst, ExactBursts: exactBursts}, "me",
+	r.eng = newEngine(Limit{Name: "api", Rate: lim, Burst: burst, ExactBursts: exactBursts}, "me",
 		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
 	return r
 }
@@ -1819,13 +1826,7 @@ func TestEngineBurstPart(t *testing.T) {
 // requests in it, never enough, and a key that was never idle stayed
 // exact, counted at its default share, for good.
 func TestEngineExactLightKeyLeaves(t *testing.T) {
-	loc, err := local.New(local.Config{Limit: 20, Burst: 10, Instances: eN})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rig{t: t, loc: loc, n: eN}
-	r.eng = newEngine(Limit{Name: "api", Rate: 20, Burst: 10}, "me",
-		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+	r := rigFor(t, 20, 10, false)
 	decide(5).run(r, t0) // its default share's 2 tokens, then denials
 	if calls := tick().run(r, t0); len(calls) != 1 {
 		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
@@ -1876,13 +1877,7 @@ func TestEngineGrantWithoutAWholeToken(t *testing.T) {
 		{"a burst below the instance count, 0.5 tokens", 2, global.Lease{Granted: 60, Fair: 60, Burst: 0.5}, true, local.Share{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			loc, err := local.New(local.Config{Limit: eRate, Burst: tc.burst, Instances: eN})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := &rig{t: t, loc: loc, n: eN}
-			r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: tc.burst}, "me",
-				timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+			r := rigFor(t, eRate, tc.burst, false)
 			decide(3*eBurst).run(r, t0) // the default share's tokens, then denials
 			if calls := tick().run(r, t0); len(calls) != 1 {
 				t.Fatalf("%d requests; want the one asking for a lease", len(calls))
@@ -1933,13 +1928,7 @@ func TestEngineExactBelowATokenStays(t *testing.T) {
 		{"light", time.Second}, // 1/s, a fifth of a default share
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			loc, err := local.New(local.Config{Limit: 20, Burst: 2, Instances: eN})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := &rig{t: t, loc: loc, n: eN}
-			r.eng = newEngine(Limit{Name: "api", Rate: 20, Burst: 2}, "me",
-				timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
+			r := rigFor(t, 20, 2, false)
 			decide(5).run(r, t0)
 			if calls := tick().run(r, t0); len(calls) != 1 {
 				t.Fatalf("%d requests; want the one asking for a lease", len(calls))
@@ -1960,6 +1949,50 @@ func TestEngineExactBelowATokenStays(t *testing.T) {
 				if le := r.eng.keys["k"]; le.state != stateExact {
 					t.Fatalf("at %v: state %v; want exact", at, le.state)
 				}
+			}
+		})
+	}
+}
+
+// TestEngineYieldBelowATokenKeepsNothing: with a burst below the instance
+// count (2 tokens over 4 instances), Redis counts an instance without a
+// record at burst/4, half a token, until its yield is recorded. A key
+// asked to yield to a rate whose part of the burst is under a token keeps
+// nothing, and its record counts no token for it: the local limiter would
+// raise a share with a rate to a whole token, which Redis would count at
+// half. A limit whose instances each hold a token keeps its rate and a
+// token, and its record keeps its default part of the burst counted.
+func TestEngineYieldBelowATokenKeepsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		burst    int
+		runs     local.Share // after the yield, to 1.1/s (1/s with headroom)
+		recorded float64     // the part of the burst its record counts
+	}{
+		{2, local.Share{}, 0},
+		{20, local.Share{Limit: 1.1, Burst: 1}, 5},
+	} {
+		t.Run(fmt.Sprintf("burst=%d", tc.burst), func(t *testing.T) {
+			r := rigFor(t, 20, tc.burst, false)
+			// A request a second for two seconds: measured at 1/s, below
+			// half its default share of 5/s.
+			for at := time.Duration(0); at <= 2*time.Second; at += eTick {
+				if at%time.Second == 0 {
+					r.loc.Allow(t0.Add(at), "k")
+				}
+				tick().run(r, t0.Add(at))
+			}
+			peerAsks().run(r, t0.Add(2*time.Second+eTick/2))
+			st, _ := r.loc.Stats("k")
+			if le := r.eng.keys["k"]; le == nil || le.state != stateYielded || st.Share != tc.runs {
+				t.Fatalf("after the ask: %+v running %+v; want yielded, running %+v", le, st.Share, tc.runs)
+			}
+			calls := tick().run(r, t0.Add(2*time.Second+eTick))
+			if len(calls) != 1 || calls[0].kind != callYield {
+				t.Fatalf("%d requests (%+v); want the yield's record", len(calls), calls)
+			}
+			if q := calls[0].req; q.RunningBurst != tc.recorded || q.WantBurst != tc.recorded {
+				t.Errorf("the yield's record counts %v tokens (wants %v); want %v, its bucket running %d",
+					q.RunningBurst, q.WantBurst, tc.recorded, tc.runs.Burst)
 			}
 		})
 	}

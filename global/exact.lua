@@ -112,20 +112,17 @@ if keep_lease and h.own ~= nil then
   h.others_b = h.others_b + holds_burst(kept, now, burst, rate)
   h.last = math.max(h.last, lease_end(kept))
 end
--- The caller's record lives at least until now + ttl, and, if it drops a
--- lease that counted it below its default share, until the others' leases
--- granted meanwhile have ended: a release of the record then lets it run
--- its default share at once (see lease.lua).
+-- The caller's record lives until now + ttl at least. clean is until when
+-- leases granted while the caller was counted below its default share may
+-- run: a release of its exact record lets it run that share only then
+-- (lease.lua). Kept from its record, from a release it is still waiting
+-- out ("w:"), and from a lower lease dropped here: until the others'
+-- leases stop holding more than their own default shares (above_end).
 local expiry = math.max(now + ttl, h.own_x or 0)
--- clean is until when leases granted while the caller was counted below
--- its default share may run: a release of its exact record lets it run
--- that share only then (lease.lua). Kept from its record, from a release
--- it is still waiting out ("w:"), and from a lower lease dropped here.
 local clean = math.max(h.own_x_clean or 0, h.own_w or 0)
 if h.own ~= nil and kept == nil then
   h.dead[#h.dead + 1] = self
   if holds(h.own, now) < share or holds_burst(h.own, now, burst, rate) < burst / n - 1e-9 then
-    expiry = math.max(expiry, h.above_end)
     clean = math.max(clean, h.above_end)
   end
 end

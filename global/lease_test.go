@@ -821,3 +821,30 @@ func TestReleaseWaitsOnlyForLeasesAboveTheirShare(t *testing.T) {
 		t.Errorf("c's release: back in %v; want when a's grant ends, about 5s, not when b's yield does (20s)", r.In)
 	}
 }
+
+// TestReleaseWaitsForBurstPartsAboveTheirShare: with the burst counted
+// apart, a lease that holds no more than its default share of the rate
+// but more than its default part of the burst may hold tokens that an
+// instance counted below its part did not: that instance's release waits
+// for it to end too.
+func TestReleaseWaitsForBurstPartsAboveTheirShare(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	const rate, burst, n = 10.0, 8, 4 // default share 2.5 and 2 tokens
+	req := func(inst string, want, wantB float64, ttl time.Duration) global.LeaseRequest {
+		return global.LeaseRequest{Limit: "above-b", Key: "k", Instance: inst, Want: want, Rate: rate,
+			Instances: n, TTL: ttl, MaxTTL: 20 * time.Second, Burst: burst, WantBurst: wantB}
+	}
+	y := req("c", 0, 0, 10*time.Second)
+	y.Yield = true
+	lease(t, store, y)
+	a := lease(t, store, req("a", 1, 6, 5*time.Second))
+	if a.Granted > rate/n || a.Burst <= float64(burst)/n {
+		t.Fatalf("a is granted %v/s with %v tokens; the test needs at most the default share %v and more than %v tokens",
+			a.Granted, a.Burst, rate/n, float64(burst)/n)
+	}
+	r := lease(t, store, req("c", 0, 0, time.Second))
+	if r.In < 4*time.Second || r.In > 6*time.Second {
+		t.Errorf("c's release: back in %v; want when a's grant, above its part of the burst, ends: about 5s", r.In)
+	}
+}

@@ -125,21 +125,17 @@ local function lease_end(l)
 end
 
 -- above_end is when lease l stops holding more than share, the default
--- share, and more than the default part of the burst (burst/n, when burst
--- is given): when its grant ends if that is more, and when the running
--- claim ends if that is more.
-local function above_end(l, share, burst, rate, n)
+-- share, and more than part, the default part of the burst (nil when the
+-- burst is not counted apart): when its grant ends if that is more, and
+-- when the running claim ends if that is more. A record without burst
+-- fields holds the burst in proportion to its rate, above part exactly
+-- when its rate is above share.
+local function above_end(l, share, part)
   local e = 0
   local eps = 1e-9
   if l.granted > share + eps then e = math.max(e, l.expiry) end
   if l.running > share + eps then e = math.max(e, l.running_until) end
-  if burst ~= nil then
-    local part = burst / n
-    if l.granted_b == nil then
-      -- The burst in proportion to the rate: above part exactly when the
-      -- rate is above share.
-      return e
-    end
+  if part ~= nil and l.granted_b ~= nil then
     if l.granted_b > part + eps then e = math.max(e, l.expiry) end
     if l.running_b > part + eps then e = math.max(e, l.running_until) end
   end
@@ -147,7 +143,8 @@ local function above_end(l, share, burst, rate, n)
 end
 
 -- read_hash sorts out the fields of the lease hash at server time now, for
--- instance inst. It returns a table of
+-- instance inst, of a limit of rate and burst (nil: not counted apart) over n
+-- instances. It returns a table of
 --   dead      the fields to delete: ended or unreadable records, fields of
 --             older versions ("born", "r:<instance>") and unknown ones;
 --   wants     the wants of the other instances whose grant lives;
@@ -162,12 +159,11 @@ end
 --   recorded  how many other instances have a live "i:" or "x:" record:
 --             the others of the n live instances are unrecorded;
 --   last      when the latest of the others' records and "lost" ends, or 0;
---   leases_end when the latest of the others' leases ends, or 0;
 --   above_end when the others' leases stop holding more than their
 --             default share (rate/n) or more than their default part of the
---             burst (burst/n), when read_hash is given n, or 0: until then
---             they may have been granted what an instance counted below
---             its default share did not hold;
+--             burst (burst/n), or 0: until then they may have been granted
+--             what an instance counted below its default share did not
+--             hold;
 --   own       this instance's live lease (decoded), or nil;
 --   own_x     when this instance's live "x:" record ends, or nil;
 --   own_x_clean ... and its clean_us, or nil if it has none;
@@ -180,9 +176,11 @@ end
 --   queue_by  the instance that turn is for.
 local function read_hash(fields, inst, now, burst, rate, n)
   local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
+  local share, part = rate / n, nil
+  if burst ~= nil then part = burst / n end
   local h = {dead = {}, wants = {}, young = 0, others = 0, exact = 0, recorded = 0,
     others_b = 0, wants_b = {},
-    last = 0, leases_end = 0, above_end = 0, own = nil, own_x = nil, lost = nil, pool = nil,
+    last = 0, above_end = 0, own = nil, own_x = nil, lost = nil, pool = nil,
     credits = 0, own_c = nil}
   local seen = {} -- other instances with a live record, by id
   for i = 1, #fields, 2 do
@@ -264,8 +262,7 @@ local function read_hash(fields, inst, now, burst, rate, n)
         if burst ~= nil then h.others_b = h.others_b + holds_burst(l, now, burst, rate) end
         if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end
         h.last = math.max(h.last, lease_end(l))
-        h.leases_end = math.max(h.leases_end, lease_end(l))
-        if n ~= nil then h.above_end = math.max(h.above_end, above_end(l, rate / n, burst, rate, n)) end
+        h.above_end = math.max(h.above_end, above_end(l, share, part))
       end
     else
       h.dead[#h.dead + 1] = id

@@ -18,7 +18,9 @@
 //
 // Redis counts every live instance of a key, always: one with a lease at
 // what it may be running, one that decides the key exactly (Store.TakeExact)
-// at the default share it gave the key's pool, and one with no record at
+// at the default share it gave the key's pool (for a limit with exact
+// bursts, at the demand its takes measure: see LeaseRequest.ExactBursts),
+// and one with no record at
 // its default share rate/N, which it may run without asking. The pool, a
 // token bucket in the key's lease hash, holds the part of the rate and
 // burst that no lease and no default share holds; exact users take from it

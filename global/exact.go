@@ -13,7 +13,9 @@ import (
 //
 // The instance becomes an exact user of the key: a record "x:<Instance>" in
 // the key's lease hash, which lives until TTL after its latest take, and
-// counts it as having given its default share, Rate/Instances, to the pool.
+// counts it as having given its default share, Rate/Instances, to the pool
+// (with ExactBursts, the demand its takes measure; see
+// LeaseRequest.ExactBursts).
 // If it drops a lease below that share, or takes the record while waiting
 // out the release of such a lease (see Lease.Expires), the record keeps
 // when the leases granted to others meanwhile end: a release of the record

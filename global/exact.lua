@@ -13,7 +13,9 @@
 --          when it joins, that is when it has no exact record yet (>= 0)
 -- ARGV[8]  exact_bursts ("0"/"1"): no instance runs a default share
 --          unasked, so unrecorded instances are counted at 0, and a pool
---          that does not exist is full
+--          that does not exist is full. Every take records the caller's
+--          demand in its exact record (the tokens asked for, admitted or
+--          not), which lease.lua counts it at with exact bursts
 -- ARGV[9]  keep_lease ("0"/"1", absent = "0"): the instance may hold a
 --          lease of the key that it does not run (yet): it is on its way
 --          from exact decisions to a lease, or this take was sent before
@@ -63,8 +65,9 @@
 --
 -- Invariant: as in lease.lua. Without keep_lease the caller gives up its
 -- lease (it stopped running it before asking) and is counted as an exact
--- user, at rate/n; the pool's rate is what the leases and the unrecorded
--- leave, which every lease grant keeps at least rate/n per exact user.
+-- user, at rate/n (with exact bursts, at its demand: exact_counted); the
+-- pool's rate is what the leases and the unrecorded leave, which every
+-- lease grant keeps at least what the exact users are counted at.
 -- With keep_lease and a live lease of its own, the caller is counted at
 -- that lease and the pool is what all the leases leave: what it takes
 -- from the pool and what it runs of its lease once the grant is in force
@@ -238,11 +241,11 @@ end
 
 local last = h.last
 if kept == nil then
-  if clean > now then
-    redis.call('HSET', key, self_x, string.format('%d %d', expiry, clean))
-  else
-    redis.call('HSET', key, self_x, string.format('%d', expiry))
-  end
+  -- The caller's demand: what its takes asked for, admitted or not, so
+  -- that a caller the pool turns away shows what it wants.
+  local d = (h.own_x_d or 0) + take * 1000000 / demand_tau
+  if not (clean > now) then clean = 0 end
+  redis.call('HSET', key, self_x, encode_exact(expiry, clean, d, now))
   last = math.max(last, expiry)
 end
 redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))

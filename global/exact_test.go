@@ -658,3 +658,82 @@ func TestReleaseWaitsOutLowerLeasesThroughExact(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseCountsExactUsersAtTheirDemand: with exact bursts an exact user
+// runs nothing locally and no instance runs its default share unasked, so
+// a lease grant leaves the pool what the exact users' takes asked for (with
+// headroom, at least a twentieth of their default share and at most all of
+// it), not a default share each: a heavy instance beside light exact users
+// gets the rest of the rate. Counted at the default share, a key skewed
+// 90/10 over four instances admitted 0.45 of an exact bucket. With split
+// bursts an exact user is still counted at its default share, which it may
+// run once its record is released.
+func TestLeaseCountsExactUsersAtTheirDemand(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate, burst, n = 100.0, 40, 4
+	const share = rate / n
+	tests := []struct {
+		name        string
+		exactBursts bool
+		tokens      int     // b's one take; 0: b's record is written by hand
+		demand      float64 // by hand: b's demand, measured ago before the lease
+		ago         time.Duration
+		granted     float64 // a's grant, wanting the whole rate
+	}{
+		// 1 token over the 1 s time constant: 1.2/s, below the floor.
+		{name: "light", exactBursts: true, tokens: 1, granted: rate - 0.05*share},
+		// 30/s with headroom is above the default share: capped at it.
+		{name: "heavy", exactBursts: true, tokens: 30, granted: rate - share},
+		// 10/s measured 2 s ago is 10/e² now: counted at 1.2 times that.
+		{name: "decayed", exactBursts: true, demand: 10, ago: 2 * time.Second, granted: rate - 1.2*10*math.Exp(-2)},
+		// b and its two unrecorded peers at the default share.
+		{name: "split bursts", tokens: 1, granted: rate - 3*share},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := tc.name
+			key := store.LeaseKey("demand", k)
+			if tc.tokens > 0 {
+				if _, err := store.TakeExact(ctx, global.ExactRequest{Limit: "demand", Key: k, Instance: "b", Rate: rate,
+					Burst: burst, Instances: n, N: tc.tokens, TTL: 10 * time.Second, ExactBursts: tc.exactBursts}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				h, err := readHash(rdb, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				at := h.now - tc.ago.Microseconds()
+				rec := fmt.Sprintf("%d 0 %g %d", h.now+10_000_000, tc.demand, at)
+				if err := rdb.HSet(ctx, key, "x:b", rec).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g := lease(t, store, global.LeaseRequest{Limit: "demand", Key: k, Instance: "a", Want: rate, Rate: rate,
+				Instances: n, TTL: 10 * time.Second, MaxTTL: 10 * time.Second, ExactBursts: tc.exactBursts})
+			// The demand decays while the test runs: a few ms at most.
+			if math.Abs(g.Granted-tc.granted) > 0.02 {
+				t.Errorf("a is granted %v beside exact user b; want %v", g.Granted, tc.granted)
+			}
+			// The pool is what a's lease leaves: b's takes come from it.
+			got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "demand", Key: k, Instance: "b", Rate: rate,
+				Burst: burst, Instances: n, TTL: 10 * time.Second, ExactBursts: tc.exactBursts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := rate - g.Granted - 2*share*b2f(!tc.exactBursts); !approx(got.PoolRate, want) {
+				t.Errorf("b's pool runs at %v/s beside a's grant %v; want %v", got.PoolRate, g.Granted, want)
+			}
+		})
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

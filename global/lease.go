@@ -15,7 +15,8 @@ import (
 //
 // Redis counts every live instance of the key (see Instances): one with a
 // lease at the larger of its grant and Running, an exact user (see
-// ExactRequest) at Rate/Instances, the share it gave the key's pool, and
+// ExactRequest) at Rate/Instances, the share it gave the key's pool (with
+// ExactBursts, at the demand its takes measured, see ExactBursts), and
 // one with no record at all ("unrecorded") at its default share,
 // Rate/Instances, which it may run without asking. A request that is not a
 // release replaces the instance's exact record with its lease record in one
@@ -71,7 +72,15 @@ type LeaseRequest struct {
 	Held bool
 	// ExactBursts says the limit's instances never run a default share
 	// without asking (see ExactRequest.ExactBursts): instances that hold no
-	// record of the key are then counted at 0, not at Rate/Instances.
+	// record of the key are then counted at 0, not at Rate/Instances, and
+	// an exact user at the tokens per second its takes asked for, admitted
+	// or not (decayed over one second), with 20% headroom, at least a
+	// twentieth of Rate/Instances and at most all of it. An exact user runs
+	// nothing locally and takes from the pool, which is what the leases
+	// leave: what it is counted at is what the grants leave the pool for
+	// it, so a heavy instance's lease is not held to its default share by
+	// light exact users. (With split bursts an exact user may run its
+	// default share once its record is released, and is counted at it.)
 	ExactBursts bool
 	// Young says the instance's demand above what it runs is recent: it is
 	// granted as any request is, from what the others leave, but its
@@ -161,8 +170,8 @@ type Lease struct {
 	// at their next renewal, so asking again soon is worthwhile.
 	Fair float64
 	// Demand is the sum of the live wants (young ones in full, see
-	// LeaseRequest.Young), exact users and unrecorded instances counted at
-	// Rate/Instances.
+	// LeaseRequest.Young), exact users and unrecorded instances counted as
+	// the grant counts them (see LeaseRequest.ExactBursts).
 	Demand float64
 	// Contended reports whether Demand exceeds the rate.
 	Contended bool

@@ -58,11 +58,14 @@
 --
 -- Invariant: after every run, the sum over the instances of the key of what
 -- each may be running -- a lease the larger of its grant and, until it
--- ends, the grant it said it was running; an exact user rate/n, what it
--- gave the pool; an unrecorded instance its default share rate/n -- is at
--- most rate, because this instance is granted at most rate minus what all
--- the others are counted at, and it was counted at what it is running
--- already. Otherwise records only shrink (expire or are released), but an
+-- ends, the grant it said it was running; an unrecorded instance its
+-- default share rate/n -- and the pool's rate, which the exact users take
+-- from and which is what the leases and the unrecorded leave (exact.lua),
+-- is at most rate, because this instance is granted at most rate minus
+-- what all the others are counted at, and it was counted at what it is
+-- running already. Exact users run nothing locally: what they are counted
+-- at (rate/n, or their demand with exact bursts) is what the grants leave
+-- the pool for them. Otherwise records only shrink (expire or are released), but an
 -- instance that releases a record below rate/n, or whose record lapsed,
 -- is unrecorded again: it must not run its default share before the
 -- grants made meanwhile end (expiry_us of the release). After Redis lost its records (FLUSHALL, a
@@ -160,17 +163,26 @@ if held and running > 0 and h.own == nil then
 end
 
 -- Every live instance is counted: the others with a lease at what they may
--- be running and at their want; exact users and the unrecorded at the
--- default share, which is what the exact users gave the pool and what the
--- unrecorded may run without asking.
+-- be running and at their want; the unrecorded at the default share, what
+-- they may run without asking; exact users at the default share, what they
+-- gave the pool, or with exact bursts at their measured demand with
+-- headroom (exact_counted), which is all the pool must leave them: they
+-- run nothing but what they take from it, and what a lease is granted is
+-- taken from the pool's rate.
 local unrecorded = math.max(0, math.floor(n) - 1 - h.recorded)
 if exact_bursts then unrecorded = 0 end
 local wants = h.wants
-for _ = 1, h.exact + unrecorded do
+local counted = h.others + unrecorded * share
+for i = 1, h.exact do
+  local c = share
+  if exact_bursts then c = exact_counted(h.exact_d[i] or nil, share) end
+  wants[#wants + 1] = c
+  counted = counted + c
+end
+for _ = 1, unrecorded do
   wants[#wants + 1] = share
 end
 wants[#wants + 1] = want
-local counted = h.others + (h.exact + unrecorded) * share
 
 local demand, level, left = water_fill(wants, rate)
 -- Young wants do not cut the others' fair shares, but what is left is not

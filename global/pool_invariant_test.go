@@ -56,10 +56,10 @@ func (s simKey) runsOf(now time.Time, def, lease float64) float64 {
 }
 
 // poolRate is the rate of the pool of the hash h for n instances: what the
-// leases and the unrecorded instances leave. It is there even when no
-// instance is exact: a take that keeps its instance's lease
-// (ExactRequest.KeepLease) draws from it without an exact record.
-func poolRate(h hashState, rate float64, n int) float64 {
+// leases and the unrecorded instances (none with exact bursts) leave. It is
+// there even when no instance is exact: a take that keeps its instance's
+// lease (ExactRequest.KeepLease) draws from it without an exact record.
+func poolRate(h hashState, rate float64, n int, exactBursts bool) float64 {
 	recorded := map[string]bool{}
 	held := 0.0
 	for id, f := range h.leases {
@@ -79,6 +79,9 @@ func poolRate(h hashState, rate float64, n int) float64 {
 		}
 	}
 	unrecorded := max(0, n-len(recorded))
+	if exactBursts {
+		unrecorded = 0
+	}
 	return max(0, rate-held-float64(unrecorded)*rate/float64(n))
 }
 
@@ -105,9 +108,9 @@ func defaultBurst(id string, burst, n, perWorker int) float64 {
 // poolBurst is the burst of the pool of the hash h: what the leases (their
 // parts of the burst, see leaseField.holdsBurst, counted until their
 // running claims end as Redis counts them) and the unrecorded instances
-// (burst/n each, and the remainder tokens their ranks may give them)
-// leave.
-func poolBurst(h hashState, burst, rate float64, n int) float64 {
+// (burst/n each, and the remainder tokens their ranks may give them; none
+// with exact bursts) leave.
+func poolBurst(h hashState, burst, rate float64, n int, exactBursts bool) float64 {
 	recorded := map[string]bool{}
 	held := 0.0
 	for id, f := range h.leases {
@@ -124,6 +127,9 @@ func poolBurst(h hashState, burst, rate float64, n int) float64 {
 		}
 	}
 	unrecorded := float64(max(0, n-len(recorded)))
+	if exactBursts {
+		unrecorded = 0
+	}
 	frac := max(0, min(1, (float64(n)-unrecorded)/float64(n)-held/burst))
 	rem := float64(int(burst) % n)
 	extra := min(unrecorded, rem) - unrecorded*rem/float64(n)
@@ -146,18 +152,24 @@ func boolFloat(b bool) float64 {
 // step, what the instances run on a key plus the rate of its pool is at
 // most the key's rate. With the burst counted apart (LeaseRequest.Burst),
 // the instances ask for random parts of it, and the parts they run plus
-// the pool's burst are at most the burst.
+// the pool's burst are at most the burst. With exact bursts no instance
+// runs its default share unasked (one that has not acted, or released,
+// runs nothing) and Redis counts an exact user at its measured demand.
 func TestPoolRandomInvariant(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
-	for _, burst := range []int{0, poolBurstSize} {
-		name := "burst=proportional"
-		if burst > 0 {
-			name = "burst=counted"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		burst       int
+		exactBursts bool
+	}{
+		{"burst=proportional", 0, false},
+		{"burst=counted", poolBurstSize, false},
+		{"burst=exact", poolBurstSize, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			rdb.FlushAll(context.Background())
-			poolRandomInvariant(t, rdb, burst)
+			poolRandomInvariant(t, rdb, tc.burst, tc.exactBursts)
 		})
 	}
 }
@@ -166,8 +178,9 @@ func TestPoolRandomInvariant(t *testing.T) {
 const poolBurstSize = 10
 
 // poolRandomInvariant is TestPoolRandomInvariant with the burst counted
-// apart if burst is above zero.
-func poolRandomInvariant(t *testing.T, rdb *redis.Client, burst int) {
+// apart if burst is above zero, for a limit with exact bursts if
+// exactBursts.
+func poolRandomInvariant(t *testing.T, rdb *redis.Client, burst int, exactBursts bool) {
 	store := global.New(rdb, "")
 	const (
 		workers   = 3
@@ -189,12 +202,12 @@ func poolRandomInvariant(t *testing.T, rdb *redis.Client, burst int) {
 				key, rate := fmt.Sprint(k), rates[k]
 				id := [2]string{fmt.Sprintf("w%d-i%d", w, rng.IntN(perWorker)), key}
 				ttl := time.Duration(1+rng.IntN(200)) * time.Millisecond
-				if err := simStep(rng, store, &mu, sim, id, rate, n, ttl, burst, perWorker); err != nil {
+				if err := simStep(rng, store, &mu, sim, id, rate, n, ttl, burst, perWorker, exactBursts); err != nil {
 					t.Errorf("worker %d call %d: %v", w, c, err)
 					failed.Store(true)
 					return
 				}
-				if err := checkPool(rdb, store, &mu, sim, key, rate, n, burst, perWorker); err != nil {
+				if err := checkPool(rdb, store, &mu, sim, key, rate, n, burst, perWorker, exactBursts); err != nil {
 					t.Errorf("worker %d call %d: %v", w, c, err)
 					failed.Store(true)
 				}
@@ -205,22 +218,27 @@ func poolRandomInvariant(t *testing.T, rdb *redis.Client, burst int) {
 }
 
 // simStep makes instance id do one random thing on its key.
-func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, id [2]string, rate float64, n int, ttl time.Duration, burst, perWorker int) error {
+func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, id [2]string, rate float64, n int, ttl time.Duration, burst, perWorker int, exactBursts bool) error {
 	ctx := context.Background()
 	def := rate / float64(n)
-	defB := defaultBurst(id[0], burst, n, perWorker)
+	// What it runs of its default share and burst part where it may run
+	// them: none with exact bursts.
+	runDef, runDefB := def, defaultBurst(id[0], burst, n, perWorker)
+	if exactBursts {
+		runDef, runDefB = 0, 0
+	}
 	mu.Lock()
 	s := sim[id]
 	now := time.Now()
-	if s.place == placeReturn && s.runs(now, def) > 0 {
+	if s.place == placeReturn && !s.until.IsZero() && !s.until.After(now) {
 		s = simKey{place: placeShare}
 	}
-	cur, curB := s.runs(now, def), s.runsBurst(now, defB)
+	cur, curB := s.runs(now, runDef), s.runsBurst(now, runDefB)
 	if burst == 0 {
 		curB = 0
 	}
 	req := global.LeaseRequest{Limit: "pool", Key: id[1], Instance: id[0], Rate: rate, Instances: n,
-		TTL: ttl, MaxTTL: 200 * time.Millisecond, Burst: burst}
+		TTL: ttl, MaxTTL: 200 * time.Millisecond, Burst: burst, ExactBursts: exactBursts}
 	switch op := rng.IntN(10); {
 	case op < 4: // lease: says what it runs, held if a grant
 		req.Want = rng.Float64() * 2 * rate
@@ -244,7 +262,7 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 		}
 		low, lowB := min(cur, req.Want), 0.0
 		if burst > 0 {
-			lowB = min(curB, rng.Float64()*defB)
+			lowB = min(curB, rng.Float64()*defaultBurst(id[0], burst, n, perWorker))
 			req.WantBurst, req.RunningBurst = lowB, lowB
 		}
 		if low > 0 || lowB > 0 {
@@ -275,7 +293,8 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 		}
 		mu.Unlock()
 		_, err := store.TakeExact(ctx, global.ExactRequest{Limit: "pool", Key: id[1], Instance: id[0], Rate: rate,
-			Burst: poolBurstSize, Instances: req.Instances, N: rng.IntN(3), TTL: ttl, KeepLease: keep})
+			Burst: poolBurstSize, Instances: req.Instances, N: rng.IntN(3), TTL: ttl, KeepLease: keep,
+			ExactBursts: exactBursts})
 		return err
 	}
 	sim[id] = s
@@ -301,7 +320,7 @@ func simStep(rng *rand.Rand, store *global.Store, mu *sync.Mutex, sim map[[2]str
 // checkPool reads key's hash and checks, in one step with the simulated
 // instances, that what they run plus the pool's rate is at most rate.
 // With burst above zero, it checks the same of the parts of the burst.
-func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, key string, rate float64, n, burst, perWorker int) error {
+func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[2]string]simKey, key string, rate float64, n, burst, perWorker int, exactBursts bool) error {
 	mu.Lock()
 	defer mu.Unlock()
 	h, err := readHash(rdb, store.LeaseKey("pool", key))
@@ -309,20 +328,25 @@ func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[
 		return err
 	}
 	now := time.Now()
+	// The default share and burst parts an instance may run without
+	// asking: none with exact bursts.
+	def := rate / float64(n)
+	defB := func(inst string) float64 { return defaultBurst(inst, burst, n, perWorker) }
+	if exactBursts {
+		def, defB = 0, func(string) float64 { return 0 }
+	}
 	runs := 0.0
 	var who []string
 	for id, s := range sim {
 		if id[1] == key {
-			r := s.runs(now, rate/float64(n))
+			r := s.runs(now, def)
 			runs += r
 			who = append(who, fmt.Sprintf("%s:%d/%.3g", id[0], s.place, r))
 		}
 	}
 	// Instances that have not acted yet run their default share.
-	for range n - len(who) {
-		runs += rate / float64(n)
-	}
-	pool := poolRate(h, rate, n)
+	runs += float64(n-len(who)) * def
+	pool := poolRate(h, rate, n, exactBursts)
 	if runs+pool > rate*(1+1e-9)+1e-9 {
 		return fmt.Errorf("key %s: the instances run %v and the pool %v, above the rate %v: %s; hash %+v",
 			key, runs, pool, rate, strings.Join(who, " "), h)
@@ -339,12 +363,12 @@ func checkPool(rdb *redis.Client, store *global.Store, mu *sync.Mutex, sim map[[
 			if !ok {
 				s = simKey{place: placeShare} // has not acted yet
 			}
-			b := s.runsBurst(now, defaultBurst(inst, burst, n, perWorker))
+			b := s.runsBurst(now, defB(inst))
 			runsB += b
 			who = append(who, fmt.Sprintf("%s:%d/%.3g", inst, s.place, b))
 		}
 	}
-	poolB := poolBurst(h, float64(burst), rate, n)
+	poolB := poolBurst(h, float64(burst), rate, n, exactBursts)
 	if runsB+poolB > float64(burst)*(1+1e-9)+1e-9 {
 		return fmt.Errorf("key %s: the instances run bursts of %v and the pool %v, above the burst %v: %s; hash %+v",
 			key, runsB, poolB, burst, strings.Join(who, " "), h)

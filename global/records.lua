@@ -14,11 +14,16 @@
 --                   (lease.lua's ARGV[14]). A record without them holds
 --                   the burst in proportion to its rate;
 --   "x:<instance>"  an exact user, which decides each request against the
---                   pool and runs nothing locally: "expiry_us", or
---                   "expiry_us clean_us" when leases granted while the
---                   instance was counted below its default share (before
---                   it became exact) may run until clean_us: a release of
---                   the record lets it run its default share only then;
+--                   pool and runs nothing locally: "expiry_us clean_us
+--                   demand demand_us", where clean_us (0: none) is until
+--                   when leases granted while the instance was counted
+--                   below its default share (before it became exact) may
+--                   run: a release of the record lets it run its default
+--                   share only then; and demand is the tokens per second
+--                   its takes asked for, decayed exponentially over
+--                   demand_tau to demand_us (see exact_counted). Older
+--                   records hold "expiry_us" or "expiry_us clean_us", and
+--                   no demand;
 --   "w:<instance>"  "back_us": the instance released a record that counted
 --                   it below its default share, and may run that share
 --                   only from back_us on (lease.lua's release); an exact
@@ -37,6 +42,38 @@
 -- it may be running its default share, rate/n, and is counted so.
 --
 -- Redis runs this as Lua 5.1 and forbids globals: every name is local.
+
+-- demand_tau is the time constant, in microseconds, over which an exact
+-- user's demand forgets its past takes.
+local demand_tau = 1000000
+
+-- exact_headroom is how much more than its measured demand an exact user
+-- of a limit with exact bursts is counted at, and exact_floor the least
+-- part of its default share it is counted at (see exact_counted).
+local exact_headroom = 1.2
+local exact_floor = 0.05
+
+-- decayed is demand d measured at at, decayed to now.
+local function decayed(d, at, now)
+  if now <= at then return d end
+  return d * math.exp(-(now - at) / demand_tau)
+end
+
+-- exact_counted is the rate an exact user whose demand is d (nil: not
+-- measured, an older record) is counted at by the lease grants of a limit
+-- with exact bursts, share being its default share: its demand with
+-- headroom, at least exact_floor of that share and at most all of it.
+-- An exact user runs nothing locally; it takes from the pool, which is
+-- what the leases leave, so what it is counted at only sets how much of
+-- the rate the leases leave to the pool. With exact bursts no instance
+-- runs its default share unasked, so an exact user counted below it never
+-- runs more than it is counted at, even once its record is gone. With split
+-- bursts an exact user is counted at its default share, which it may run
+-- once its record is released.
+local function exact_counted(d, share)
+  if d == nil then return share end
+  return math.min(share, math.max(exact_headroom * d, exact_floor * share))
+end
 
 -- decode_lease reads an "i:<instance>" value, in any format, into
 -- {granted, want, expiry, running, running_until, young_want}; nil if it
@@ -69,6 +106,33 @@ local function decode_lease(v)
   end
   return {granted = g, want = w, expiry = e, running = rg, running_until = re, young_want = yw,
     granted_b = gb, want_b = wb, running_b = rb}
+end
+
+-- decode_exact reads an "x:<instance>" value, in any format, into
+-- expiry_us, clean_us (nil if none) and demand and demand_us (nil if
+-- none); expiry_us is nil if the value is unreadable.
+local function decode_exact(v)
+  local a, c, d, at = string.match(v, '^(%S+) (%S+) (%S+) (%S+)$')
+  if not a then
+    a, c = string.match(v, '^(%S+) (%S+)$')
+    if not a then a = v end
+  end
+  local e = tonumber(a)
+  if c ~= nil then
+    c = tonumber(c)
+    if c == nil then return nil end
+    if c == 0 then c = nil end
+  end
+  if d ~= nil then
+    d, at = tonumber(d), tonumber(at)
+    if d == nil or at == nil or d < 0 then return nil end
+  end
+  return e, c, d, at
+end
+
+-- encode_exact writes an "x:<instance>" value for decode_exact.
+local function encode_exact(expiry, clean, d, at)
+  return string.format('%d %d %.17g %d', expiry, clean or 0, d, at)
 end
 
 -- encode_lease_rate writes the fields of lease l before its burst.
@@ -156,6 +220,8 @@ end
 --   wants_b   the burst parts the others whose grant lives want (their
 --             want_b, or their want's part of the burst), when given burst;
 --   exact     how many other instances have a live "x:" record;
+--   exact_d   the demand of each of them decayed to now, false for a
+--             record without one (see exact_counted);
 --   recorded  how many other instances have a live "i:" or "x:" record:
 --             the others of the n live instances are unrecorded;
 --   last      when the latest of the others' records and "lost" ends, or 0;
@@ -167,6 +233,7 @@ end
 --   own       this instance's live lease (decoded), or nil;
 --   own_x     when this instance's live "x:" record ends, or nil;
 --   own_x_clean ... and its clean_us, or nil if it has none;
+--   own_x_d   ... and its demand decayed to now, or nil if it has none;
 --   own_w     this instance's live "w:" record (back_us), or nil;
 --   credits   the live credit of every instance, this one's included;
 --   own_c     this instance's live credit {tokens, ends}, or nil;
@@ -178,7 +245,7 @@ local function read_hash(fields, inst, now, burst, rate, n)
   local self, self_x, self_c = 'i:' .. inst, 'x:' .. inst, 'c:' .. inst
   local share, part = rate / n, nil
   if burst ~= nil then part = burst / n end
-  local h = {dead = {}, wants = {}, young = 0, others = 0, exact = 0, recorded = 0,
+  local h = {dead = {}, wants = {}, young = 0, others = 0, exact = 0, exact_d = {}, recorded = 0,
     others_b = 0, wants_b = {},
     last = 0, above_end = 0, own = nil, own_x = nil, lost = nil, pool = nil,
     credits = 0, own_c = nil}
@@ -213,17 +280,16 @@ local function read_hash(fields, inst, now, burst, rate, n)
         h.last = math.max(h.last, e)
       end
     elseif kind == 'x:' then
-      local a, c = string.match(v, '^(%S+) (%S+)$')
-      if not a then a = v end
-      local e = tonumber(a)
-      if c ~= nil then c = tonumber(c) end
-      if not e or e <= now or (a ~= v and c == nil) then
+      local e, c, d, at = decode_exact(v)
+      if not e or e <= now then
         h.dead[#h.dead + 1] = id
       elseif id == self_x then
         h.own_x = e
         if c ~= nil and c > now then h.own_x_clean = c end
+        if d ~= nil then h.own_x_d = decayed(d, at, now) end
       else
         h.exact = h.exact + 1
+        h.exact_d[#h.exact_d + 1] = (d ~= nil and decayed(d, at, now)) or false
         if not seen[who] then seen[who] = true; h.recorded = h.recorded + 1 end
         h.last = math.max(h.last, e)
       end

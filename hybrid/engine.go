@@ -38,13 +38,18 @@ const (
 	settledGrow   = 1.25
 	// settleAfter is how many contended renewals in a row must leave a
 	// grant unchanged (within settledWithin) at its fair share (at least
-	// settledFair of it) before its lease lifetime starts to grow, doubling
-	// at each further one (at most maxDoublings times, and never beyond
-	// UncontendedTTL).
+	// settledFair of it) before its lease lifetime starts to grow,
+	// settledGrowth times at each further one, up to UncontendedTTL. A
+	// settled lease renews early when its own demand moves (settledShrink,
+	// settledGrow), so the growth only sets how many renewals a key
+	// spends reaching the long lease: with 4 rather than 2, a key at the
+	// defaults reaches it in two renewals (2.4 s, then 5 s) rather than
+	// four, and balanced sends about a fifth fewer commands in its first
+	// seconds.
 	settleAfter   = 3
 	settledWithin = 0.01
 	settledFair   = 0.99
-	maxDoublings  = 16
+	settledGrowth = 4
 	// starvedFair: a contended grant below this part of its fair share, or
 	// below it by more than ackShrink of the rate (a large key's tenth is
 	// much rate), means others still hold more than theirs until their
@@ -1066,12 +1071,18 @@ func (e *engine) renewal(now instant, n int, st *local.KeyStats, le *lease, def 
 	// contended one renews soonTicks later anyway.
 	ttl := e.t.uncontendedTTL
 	if le.state != stateDefault && le.contended {
-		// A contended lease whose share has settled doubles its lifetime at
-		// each further unchanged renewal, up to an uncontended lease's:
-		// Redis commands then follow the keys whose shares move, not every
-		// contended key.
-		doublings := min(max(le.stable-settleAfter+1, 0), maxDoublings)
-		ttl = min(e.t.contendedTTL<<doublings, e.t.uncontendedTTL)
+		// A contended lease whose share has settled grows its lifetime
+		// settledGrowth times at each further unchanged renewal, up to an
+		// uncontended lease's: Redis commands then follow the keys whose
+		// shares move, not every contended key.
+		ttl = e.t.contendedTTL
+		for range max(int(le.stable)-settleAfter+1, 0) {
+			if ttl >= e.t.uncontendedTTL {
+				break
+			}
+			ttl *= settledGrowth
+		}
+		ttl = min(ttl, e.t.uncontendedTTL)
 	}
 	req := e.request(st.Key, want, n, ttl)
 	// Until the answer arrives (if ever) the key runs what it runs now:

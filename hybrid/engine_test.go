@@ -469,7 +469,7 @@ func contendedSteps() []step {
 		{at: 450 * ms, do: grant(25, 25, true), state: held, share: share}, // 2
 		{at: 750 * ms, do: tick(), calls: c(eCTTL, 240*ms), state: held, share: share},
 		{at: 750 * ms, do: grant(25, 25, true), state: held, share: share}, // 3: settled
-		{at: 1050 * ms, do: tick(), calls: c(2*eCTTL, 240*ms), state: held, share: share},
+		{at: 1050 * ms, do: tick(), calls: c(settledGrowth*eCTTL, 240*ms), state: held, share: share},
 		{at: 1050 * ms, do: grant(25, 25, true), state: held, share: share},
 	}
 }
@@ -477,31 +477,30 @@ func contendedSteps() []step {
 // TestEngineRenewalSchedule: a contended key renews two ticks after its
 // first grant (the others have not said what they want yet), then every
 // half ContendedTTL while its share moves; once unchanged settleAfter times
-// in a row its lifetime doubles at each renewal, up to UncontendedTTL. A
-// share that moves again goes back to the contended schedule, and a starved
-// one asks again two ticks later.
+// in a row its lifetime grows settledGrowth (4) times at each renewal, up
+// to UncontendedTTL. A share that moves again goes back to the contended
+// schedule, and a starved one asks again two ticks later.
 func TestEngineRenewalSchedule(t *testing.T) {
 	held := stateHeld
 	c := func(ttl, runningFor time.Duration, running float64) []req {
 		return []req{{want: anyWant, ttl: ttl, running: running, runningFor: runningFor, held: true}}
 	}
 	run(t, table{perTick: 2, steps: append(contendedSteps(),
-		step{at: 1600 * ms, do: tick(), state: held, share: leased(25)},
-		step{at: 1650 * ms, do: tick(), calls: c(4*eCTTL, 480*ms, 25), state: held, share: leased(25)},
-		step{at: 1650 * ms, do: grant(25, 25, true), state: held, share: leased(25)},
-		step{at: 2800 * ms, do: tick(), state: held, share: leased(25)},
-		step{at: 2850 * ms, do: tick(), calls: c(8*eCTTL, 960*ms, 25), state: held, share: leased(25)},
-		step{at: 2850 * ms, do: grant(25, 25, true), state: held, share: leased(25)},
-		step{at: 5200 * ms, do: tick(), state: held, share: leased(25)},
-		step{at: 5250 * ms, do: tick(), calls: c(eUTTL, 1920*ms, 25), state: held, share: leased(25)}, // capped
+		// The 2.4 s lease of 1050 ms renews at half its life, for 9.6 s:
+		// capped at UncontendedTTL.
+		step{at: 2200 * ms, do: tick(), state: held, share: leased(25)},
+		step{at: 2250 * ms, do: tick(), calls: c(eUTTL, 960*ms, 25), state: held, share: leased(25)},
+		step{at: 2250 * ms, do: grant(25, 25, true), state: held, share: leased(25)},
+		step{at: 4700 * ms, do: tick(), state: held, share: leased(25)},
+		step{at: 4750 * ms, do: tick(), calls: c(eUTTL, 2000*ms, 25), state: held, share: leased(25)},
 		// The share moves: back to the contended schedule at once.
-		step{at: 5250 * ms, do: grant(30, 30, true), state: held, share: leased(30)},
-		step{at: 5500 * ms, do: tick(), state: held, share: leased(30)},
-		step{at: 5550 * ms, do: tick(), calls: c(eCTTL, 4200*ms, 30), state: held, share: leased(30)},
+		step{at: 4750 * ms, do: grant(30, 30, true), state: held, share: leased(30)},
+		step{at: 5000 * ms, do: tick(), state: held, share: leased(30)},
+		step{at: 5050 * ms, do: tick(), calls: c(eCTTL, 4200*ms, 30), state: held, share: leased(30)},
 		// Starved: others hold more than their share; ask again two ticks on.
-		step{at: 5550 * ms, do: grant(27, 32, true), state: held, share: leased(27)},
-		step{at: 5600 * ms, do: tick(), state: held, share: leased(27)},
-		step{at: 5650 * ms, do: tick(), calls: c(eCTTL, 440*ms, 27), state: held, share: leased(27)},
+		step{at: 5050 * ms, do: grant(27, 32, true), state: held, share: leased(27)},
+		step{at: 5100 * ms, do: tick(), state: held, share: leased(27)},
+		step{at: 5150 * ms, do: tick(), calls: c(eCTTL, 440*ms, 27), state: held, share: leased(27)},
 	)})
 }
 
@@ -514,21 +513,18 @@ func TestEngineSettledRenewsEarlyWhenDemandMoves(t *testing.T) {
 	// At 40/s (wanting 44/s) this instance asks for more than its fair
 	// share of 25/s; at 10/s it would free more than a quarter of it.
 	t.Run("demand falls", func(t *testing.T) {
-		// Settled at 40/s, granted 25/s; the renewal at 1650 ms is for
-		// 2.4 s, and the next due at 2850 ms. Then the decisions stop: the
-		// demand measured back to 1050 ms (24 decisions) falls below 75% of
-		// the grant, with headroom, after 2458 ms.
-		r := run(t, table{perTick: 2, steps: append(contendedSteps(),
-			step{at: 1650 * ms, do: tick(), calls: []req{{want: anyWant, ttl: 4 * eCTTL, running: 25, runningFor: 480 * ms, held: true}},
-				state: stateHeld, share: leased(25)},
-			step{at: 1650 * ms, do: grant(25, 25, true), state: stateHeld, share: leased(25)},
-		)})
-		for at := 1700 * ms; at <= 2500*ms; at += eTick {
+		// Settled at 40/s, granted 25/s; the renewal at 1050 ms is for
+		// 2.4 s, and the next due at 2250 ms. Then the decisions stop: the
+		// demand measured over the key's window falls below 75% of the
+		// grant, with headroom, at 1900 ms.
+		const early = 1900 * ms
+		r := run(t, table{perTick: 2, steps: contendedSteps()})
+		for at := 1100 * ms; at <= early; at += eTick {
 			calls, _ := r.eng.collect(t0.Add(at), eN, r.loc.AppendStats(nil), nil)
-			if at < 2500*ms && len(calls) != 0 {
+			if at < early && len(calls) != 0 {
 				t.Fatalf("at %v: renewed %v while demand was still measured above the threshold", at, calls)
 			}
-			if at == 2500*ms && (len(calls) != 1 || calls[0].req.Want >= 25*settledShrink) {
+			if at == early && (len(calls) != 1 || calls[0].req.Want >= 25*settledShrink) {
 				t.Fatalf("at %v: got %v; want an early renewal asking for less than 75%% of the grant", at, calls)
 			}
 		}
@@ -843,9 +839,9 @@ func TestEngineEviction(t *testing.T) {
 // says it runs.
 func TestEngineInstancesChange(t *testing.T) {
 	run(t, table{perTick: 2, steps: append(contendedSteps(),
-		step{at: 1100 * ms, do: tick(), state: stateHeld, share: leased(25)}, // settled: renews at 1650 ms
+		step{at: 1100 * ms, do: tick(), state: stateHeld, share: leased(25)}, // settled: renews at 2250 ms
 		step{at: 1100 * ms, do: instances(8), state: stateHeld, share: leased(25)},
-		step{at: 1150 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: 25, runningFor: 980 * ms, held: true, instances: 8}},
+		step{at: 1150 * ms, do: tick(), calls: []req{{want: anyWant, ttl: eCTTL, running: 25, runningFor: 2060 * ms, held: true, instances: 8}},
 			state: stateHeld, share: leased(25)},
 	)})
 

@@ -737,3 +737,55 @@ func b2f(b bool) float64 {
 	}
 	return 0
 }
+
+// TestLeaseLeavesTheSurplusToThePool: while an instance decides a key
+// exactly, a lease is granted its want and no more, not what nobody wants
+// on top of it nor its default share: the pool, which the exact users take
+// from, is what the leases leave. A light instance of a key whose heavy
+// instance decides exactly held its whole default share before, and the
+// heavy one was held to what was left (3 instances, 80% of the demand on
+// one: 0.84 of an exact bucket). Without an exact user the lease still gets
+// its default share.
+func TestLeaseLeavesTheSurplusToThePool(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate, burst, n, want = 48.0, 6, 3, 11.0
+	for _, tc := range []struct {
+		name          string
+		exact         bool // b decides the key exactly
+		granted, pool float64
+	}{
+		// a's want; the pool is what a and the unrecorded c leave.
+		{"exact user", true, want, rate - want - rate/n},
+		// a's default share, free: no pool to leave it to.
+		{"no exact user", false, rate / n, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := tc.name
+			if tc.exact {
+				if _, err := store.TakeExact(ctx, global.ExactRequest{Limit: "surplus", Key: k, Instance: "b", Rate: rate,
+					Burst: burst, Instances: n, N: 1, TTL: 10 * time.Second}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g := lease(t, store, global.LeaseRequest{Limit: "surplus", Key: k, Instance: "a", Want: want, Rate: rate,
+				Instances: n, TTL: 10 * time.Second, MaxTTL: 10 * time.Second, Burst: burst, WantBurst: 2})
+			if !approx(g.Granted, tc.granted) {
+				t.Errorf("a wanting %v is granted %v; want %v", want, g.Granted, tc.granted)
+			}
+			if !tc.exact {
+				return
+			}
+			got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "surplus", Key: k, Instance: "b", Rate: rate,
+				Burst: burst, Instances: n, TTL: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !approx(got.PoolRate, tc.pool) {
+				t.Errorf("b's pool runs at %v/s; want %v", got.PoolRate, tc.pool)
+			}
+		})
+	}
+}

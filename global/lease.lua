@@ -103,7 +103,12 @@ end
 -- instances that start wanting the key; but never below the default share
 -- rate/n while that is free, so that a lease never leaves a key worse off
 -- than rate/n would (its burst follows its rate). An instance that yields
--- gets no surplus, and a release's fair share is its want, 0.
+-- gets no surplus, nor does any instance while others decide the key
+-- exactly: the pool they take from is what the leases leave, and it takes
+-- up the surplus, where those who want it ask for it request by request
+-- (an exact user is counted at its default share, or its measured demand,
+-- which can be far below what it wants). A release's fair share is its
+-- want, 0.
 local function fair_share(want, level, left, count, rate, n, yield)
   if level ~= nil then
     return math.min(want, level)
@@ -188,7 +193,8 @@ local demand, level, left = water_fill(wants, rate)
 -- Young wants do not cut the others' fair shares, but what is left is not
 -- handed out on top of the wants while they go unmet.
 demand = demand + h.young
-local fair = fair_share(want, level, left, #wants, rate, n, yield or h.young > 0)
+local no_surplus = yield or h.young > 0 or h.exact > 0
+local fair = fair_share(want, level, left, #wants, rate, n, no_surplus)
 local granted = math.min(fair, rate - counted)
 if lost ~= nil then granted = math.min(granted, running) end
 if granted < 0 or release then granted = 0 end
@@ -209,7 +215,7 @@ if burst ~= nil then
   wants_b[#wants_b + 1] = want_b
   local counted_b = h.others_b + (h.exact + unrecorded) * share_b + extra
   local _, level_b, left_b = water_fill(wants_b, burst)
-  granted_b = math.min(fair_share(want_b, level_b, left_b, #wants_b, burst, n, yield),
+  granted_b = math.min(fair_share(want_b, level_b, left_b, #wants_b, burst, n, yield or h.exact > 0),
     burst - counted_b)
   if lost ~= nil then granted_b = math.min(granted_b, running_b) end
   if granted_b < 0 or not (granted > 0) then granted_b = 0 end

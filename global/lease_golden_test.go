@@ -59,31 +59,34 @@ func TestLeaseScriptGolden(t *testing.T) {
 		// are counted: 8 of 10, so a gets 2 of its fair 4.
 		{0, false, "a 4 5 0 0 0 0", "2 4 10 0 1010000000 0",
 			"i:a=2 4 1010000000 i:c=2 2 1004000000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
-		// The unrecorded instance asks for 0.5: what nobody wants would
-		// give it 0.8, but its default share 2 is free.
-		{500, false, "d 0.5 5 0 0 0 0", "2 2 8.5 0 1010500000 0",
-			"i:a=2 4 1010000000 i:c=2 2 1004000000 i:d=2 0.5 1010500000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
+		// The unrecorded instance asks for 0.5 and gets that: while an
+		// instance decides the key exactly (e), the pool takes up what
+		// nobody wants (without e, d would get its default share 2).
+		{500, false, "d 0.5 5 0 0 0 0", "0.5 0.5 8.5 0 1010500000 0",
+			"i:a=2 4 1010000000 i:c=2 2 1004000000 i:d=0.5 0.5 1010500000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
 		// c yields everything: a record granted 0, counted at the 2 it
 		// runs for another second.
 		{1000, false, "c 0 5 2 1000000 1 1", "0 0 6.5 0 1011000000 0",
-			"i:a=2 4 1010000000 i:c=0 0 1011000000 2 1002000000 i:d=2 0.5 1010500000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
+			"i:a=2 4 1010000000 i:c=0 0 1011000000 2 1002000000 i:d=0.5 0.5 1010500000 i:f=1 3 999900000 2 1003000000 x:e=1005000000", 10000},
 		// f has ended, c's claim too: contended, b's level is 3.75, and 4
 		// is free.
 		{3000, false, "b 9 5 0 0 0 0", "3.75 3.75 15.5 1 1013000000 0",
-			"i:a=2 4 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000 i:d=2 0.5 1010500000 x:e=1005000000", 10000},
-		// a runs 2 for 6s more and gets what is left, 2.25: five fields.
-		{4000, false, "a 4 5 2 6000000 0 1", "2.25 3.75 15.5 1 1014000000 0",
-			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000 i:d=2 0.5 1010500000 x:e=1005000000", 10000},
-		// e has ended, to the microsecond. d releases a record of its
-		// default share: it may run that share again at once.
-		{5000, false, "d 0 5 0 0 0 0", "0 0 15 1 1005000000 0",
-			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000", 9000},
+			"i:a=2 4 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000 i:d=0.5 0.5 1010500000 x:e=1005000000", 10000},
+		// a runs 2 for 6s more and gets what is left, its level 3.75:
+		// five fields.
+		{4000, false, "a 4 5 2 6000000 0 1", "3.75 3.75 15.5 1 1014000000 0",
+			"i:a=3.75 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000 i:d=0.5 0.5 1010500000 x:e=1005000000", 10000},
+		// e has ended, to the microsecond. d releases a record below its
+		// default share: a's and b's grants, above theirs, counted it
+		// lower, so it may run that share only once they have ended.
+		{5000, false, "d 0 5 0 0 0 0", "0 0 15 1 1014000000 0",
+			"i:a=3.75 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 i:c=0 0 1011000000 2 1002000000 w:d=1014000000", 9000},
 		// c releases a record of 0: a's and b's grants counted it at 0, so
 		// it may run its default share only once they have ended, which
 		// its "w:" record keeps (an exact record it takes before then
 		// keeps it too).
 		{5500, false, "c 0 5 0 0 0 0", "0 0 17 1 1014000000 0",
-			"i:a=2.25 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 w:c=1014000000", 8500},
+			"i:a=3.75 4 1014000000 2 1010000000 i:b=3.75 9 1013000000 w:c=1014000000 w:d=1014000000", 8500},
 		// Redis lost everything; a says it holds a grant, running 1: lost
 		// until MaxTTL from now, and a may not grow beyond 1.
 		{6000, true, "a 4 5 1 4000000 0 1", "1 2 12 1 1016000000 1",

@@ -412,6 +412,15 @@ func leased(g float64) local.Share {
 	return local.Share{Limit: rate.Limit(g), Burst: int(eBurst * g / eRate)}
 }
 
+// yielded is the local share of a key that yielded to g with split
+// bursts: g, and its burst in proportion but at least its default part,
+// which its yield record keeps counted (yieldShare).
+func yielded(g float64) local.Share {
+	s := leased(g)
+	s.Burst = max(s.Burst, eBurst/eN)
+	return s
+}
+
 // coldWant is the want of a key whose decisions were all at t0, asked for
 // at t0+at: they say nothing of its rate, so its gap to now is taken as its
 // period (at most the default share), with headroom.
@@ -1057,7 +1066,8 @@ func TestEngineYieldUnknownKey(t *testing.T) {
 }
 
 // lowDemand is a key at 5/s, measured at its tick at 1 s (six decisions,
-// five gaps over a second): 5.5/s with headroom, below half its share.
+// five gaps over a second): 5.5/s with headroom, below yieldBelow of its
+// share (and below youngYieldBelow).
 func lowDemand() []step {
 	var steps []step
 	for at := time.Duration(0); at <= time.Second; at += eTick {
@@ -1070,12 +1080,13 @@ func lowDemand() []step {
 }
 
 // TestEngineYieldDefaultKey: asked by a peer to yield, a key in the share
-// placement whose demand measured over a second is below half its share
-// lowers it to that demand with headroom at once, then records the yield at
-// the next tick; one that needs half its share or more, or whose demand
-// has not been measured over a second yet, keeps it and sends nothing.
+// placement whose demand measured over a second (with headroom) is below
+// yieldBelow of its share lowers it to that demand at once, keeping its
+// default part of the burst, then records the yield at the next tick; one
+// that needs more, or whose demand has not been measured over a second yet
+// and shows half its share or more, keeps it and sends nothing.
 func TestEngineYieldDefaultKey(t *testing.T) {
-	kept := leased(5.5)
+	kept := yielded(5.5)
 	t.Run("low demand", func(t *testing.T) {
 		run(t, table{steps: append(lowDemand(),
 			step{at: time.Second, do: peerAsks(), state: stateYielded, share: kept},
@@ -1083,6 +1094,27 @@ func TestEngineYieldDefaultKey(t *testing.T) {
 			step{at: 1050 * ms, do: recorded(), state: stateYielded, share: kept},
 			step{at: 1050 * ms, do: recordEnds(1050*ms + eLife), state: stateYielded, share: kept},
 		)})
+	})
+	t.Run("most of its share", func(t *testing.T) {
+		// 15/s, about two thirds of its share with headroom: it yields to
+		// that. Below half its share only, as first built, it kept it all
+		// while a heavy peer was held to what the others left.
+		var steps []step
+		for at := time.Duration(0); at <= time.Second; at += eTick {
+			if at%(200*ms) == 0 {
+				steps = append(steps, step{at: at, do: decide(3)})
+			}
+			steps = append(steps, step{at: at, do: tick()})
+		}
+		r := run(t, table{steps: steps})
+		peerAsks().run(r, t0.Add(time.Second))
+		le := r.eng.keys["k"]
+		st, _ := r.loc.Stats("k")
+		if le == nil || le.state != stateYielded || le.granted < eDef*youngYieldBelow || le.granted >= eDef*yieldBelow ||
+			st.Share != yielded(le.granted) {
+			t.Fatalf("after the ask: %+v, running %+v; want yielded to between half and %v of its share %v, with its default part of the burst",
+				le, st.Share, yieldBelow, eDef)
+		}
 	})
 	t.Run("young", func(t *testing.T) {
 		// Asked at 100 ms, before it is youngYieldAfter old; at each tick
@@ -1093,7 +1125,7 @@ func TestEngineYieldDefaultKey(t *testing.T) {
 		steps := append(lowDemand()[:4], step{at: 100 * ms, do: peerAsks()})
 		steps = append(steps, lowDemand()[4:12]...) // the ticks from 150 to 400 ms
 		run(t, table{steps: append(steps,
-			step{at: 450 * ms, do: tick(), calls: []req{yielding(young)}, state: stateYielded, share: leased(young)},
+			step{at: 450 * ms, do: tick(), calls: []req{yielding(young)}, state: stateYielded, share: yielded(young)},
 		)})
 	})
 	t.Run("young and busy", func(t *testing.T) {
@@ -1102,7 +1134,7 @@ func TestEngineYieldDefaultKey(t *testing.T) {
 			append([]step{{at: 300 * ms, do: peerAsks()}}, ticks(300*ms, 1500*ms, step{})...)...)})
 	})
 	t.Run("needs its share", func(t *testing.T) {
-		// 20/s: 22/s with headroom.
+		// 20/s: 22/s with headroom, above yieldBelow of its share.
 		run(t, table{perTick: 1, steps: append(ticks(0, time.Second, step{}),
 			step{at: time.Second, do: peerAsks()},
 			step{at: 1050 * ms, do: tick()},
@@ -1121,7 +1153,7 @@ func youngAt450() float64 {
 
 // yieldedStep is a step that leaves "k" yielded, running share.
 func yieldedStep(at time.Duration, do op, share float64, calls ...req) step {
-	return step{at: at, do: do, calls: calls, state: stateYielded, share: leased(share)}
+	return step{at: at, do: do, calls: calls, state: stateYielded, share: yielded(share)}
 }
 
 // youngYieldSteps are the steps of a key at 5/s asked to yield at 100 ms,
@@ -1206,15 +1238,15 @@ func TestEngineYieldedKeyLowersAfterAQuietTick(t *testing.T) {
 // force. A request that fails is tried again at the next tick, as for any
 // key: the key still wants more than it kept.
 func TestEngineYieldedKeyAsks(t *testing.T) {
-	kept := leased(5.5)
-	// Nine decisions, eight gaps over 1.1 s.
-	ask := []req{{want: 8 / 1.1 * headroom, ttl: eUTTL, running: 5.5, runningFor: eUTTL}}
+	kept := yielded(5.5)
+	// Thirteen decisions, twelve gaps over 1.1 s.
+	ask := []req{{want: 12 / 1.1 * headroom, ttl: eUTTL, running: 5.5, runningFor: eUTTL}}
 	steps := func() []step {
 		return append(lowDemand(),
 			step{at: time.Second, do: peerAsks(), state: stateYielded, share: kept},
 			step{at: 1050 * ms, do: tick(), calls: []req{yielding(5.5)}, state: stateYielded, share: kept},
 			step{at: 1050 * ms, do: recorded(), state: stateYielded, share: kept},
-			step{at: 1100 * ms, do: decide(3), state: stateYielded, share: kept}, // a burst share of 1
+			step{at: 1100 * ms, do: decide(7), state: stateYielded, share: kept}, // a burst share of 5
 			step{at: 1150 * ms, do: tick(), calls: ask, state: stateYielded, share: kept},
 		)
 	}
@@ -1225,10 +1257,12 @@ func TestEngineYieldedKeyAsks(t *testing.T) {
 		)})
 	})
 	t.Run("failed", func(t *testing.T) {
-		// No decision since: it still wants 8/s, not to record a yield.
+		// No decision since: it still wants more than it kept (thirteen
+		// decisions over 1.2 s now), not to record a yield.
+		again := []req{{want: 13 / 1.2 * headroom, ttl: eUTTL, running: 5.5, runningFor: eUTTL}}
 		run(t, table{steps: append(steps(),
 			step{at: 1150 * ms, do: fail(), state: stateYielded, share: kept},
-			step{at: 1200 * ms, do: tick(), calls: ask, state: stateYielded, share: kept},
+			step{at: 1200 * ms, do: tick(), calls: again, state: stateYielded, share: kept},
 			step{at: 1200 * ms, do: grant(40, 40, false), state: stateHeld, share: leased(40)},
 		)})
 	})
@@ -1415,6 +1449,47 @@ func TestEngineExactHeavyLeaves(t *testing.T) {
 			step{at: 650 * ms, do: tick(), state: stateReleasing, none: true},
 		)})
 	})
+}
+
+// TestEngineExactAsksPeers: with split bursts, an exact key whose demand
+// (with headroom) is above exactAskAbove default shares asks its peers to
+// yield theirs every askEvery while it stays exact: what they yield goes
+// to the pool it takes from. Asked only when its share first denied a
+// request, peers whose demand had not been measured yet kept their
+// shares for good. A key at about its share does not ask: its peers need
+// theirs too.
+func TestEngineExactAsksPeers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		perTick int // decisions per tick from 150 ms: 20/s each
+		asks    []time.Duration
+	}{
+		// 60/s, 66/s with headroom, above two shares of 25/s: at the
+		// first look after the window shows it (650 ms), then every
+		// askEvery at the looks every 300 ms.
+		{"concentrated", 3, []time.Duration{650 * ms, 1850 * ms}},
+		{"near its share", 1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			steps := exactSteps()
+			first := len(steps)
+			for at := 150 * ms; at <= 2000*ms; at += eTick {
+				steps = append(steps,
+					step{at: at, do: decide(tc.perTick), state: stateExact, none: true, mark: markExactDropLease},
+					step{at: at, do: tick(), state: stateExact, none: true, mark: markExactDropLease})
+			}
+			var asked []time.Duration
+			run(t, table{steps: steps, after: func(r *rig, i int) {
+				// What each tick from 150 ms asks about.
+				if i >= first && (i-first)%2 == 1 && slices.Contains(r.eng.asks, "k") {
+					asked = append(asked, steps[i].at)
+				}
+			}})
+			if !slices.Equal(asked, tc.asks) {
+				t.Errorf("the key asked its peers at %v; want %v", asked, tc.asks)
+			}
+		})
+	}
 }
 
 // TestEngineExactDegraded: an exact key goes back to its default share,
@@ -1956,8 +2031,8 @@ func TestEngineExactBelowATokenStays(t *testing.T) {
 // asked to yield to a rate whose part of the burst is under a token keeps
 // nothing, and its record counts no token for it: the local limiter would
 // raise a share with a rate to a whole token, which Redis would count at
-// half. A limit whose instances each hold a token keeps its rate and a
-// token, and its record keeps its default part of the burst counted.
+// half. A limit whose instances each hold a token keeps its rate and its
+// default part of the burst, which its record keeps counted.
 func TestEngineYieldBelowATokenKeepsNothing(t *testing.T) {
 	for _, tc := range []struct {
 		burst    int
@@ -1965,7 +2040,7 @@ func TestEngineYieldBelowATokenKeepsNothing(t *testing.T) {
 		recorded float64     // the part of the burst its record counts
 	}{
 		{2, local.Share{}, 0},
-		{20, local.Share{Limit: 1.1, Burst: 1}, 5},
+		{20, local.Share{Limit: 1.1, Burst: 5}, 5},
 	} {
 		t.Run(fmt.Sprintf("burst=%d", tc.burst), func(t *testing.T) {
 			r := rigFor(t, 20, tc.burst, false)

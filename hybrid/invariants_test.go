@@ -1,6 +1,7 @@
 package hybrid_test
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
@@ -9,8 +10,10 @@ import (
 )
 
 // TestInvariantsBoundAndUtilisation is invariants 1 and 2 of DESIGN.md: four
-// or sixteen instances on one Redis, open-loop demand of twice the limit for
-// 10 s, balanced and skewed (90% on one instance), one key and many. Per key,
+// to sixteen instances on one Redis, open-loop demand of twice the limit for
+// 10 s (1.2x and 1.5x in two cases), balanced and skewed (90% on one
+// instance; 60% and 70% in two cases), one key and many, split and exact
+// bursts. Per key,
 // the cluster admits at most rate*w+burst over any window w (plus the
 // cold-start allowance), and in all at least 95% of what one exact token
 // bucket admits on the same arrivals.
@@ -30,16 +33,20 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 		floor float64
 		// exactBursts: the limit's keys start exact (Limit.ExactBursts).
 		exactBursts bool
+		// heavy is the part of the demand on the first instance of a
+		// skewed case (0: 0.9), and factor the demand over the limit
+		// (0: 2).
+		heavy, factor float64
 	}{
-		{"balanced/keys=1", 4, 1, 10000, 1000, false, 0.95, false},
-		{"skewed/keys=1", 4, 1, 10000, 1000, true, 0.95, false},
+		{"balanced/keys=1", 4, 1, 10000, 1000, false, 0.95, false, 0, 0},
+		{"skewed/keys=1", 4, 1, 10000, 1000, true, 0.95, false, 0, 0},
 		// Sixteen instances: a default share of a sixteenth, 12 tokens of
 		// burst each.
-		{"balanced/instances=16", 16, 1, 2000, 200, false, 0.95, false},
-		{"skewed/instances=16", 16, 1, 2000, 200, true, 0.95, false},
+		{"balanced/instances=16", 16, 1, 2000, 200, false, 0.95, false, 0, 0},
+		{"skewed/instances=16", 16, 1, 2000, 200, true, 0.95, false, 0, 0},
 		// And 20 keys of 2 tokens of burst per instance, where the
 		// contended ones go exact.
-		{"balanced/instances=16/keys=20", 16, 20, 40, 32, false, 0.95, false},
+		{"balanced/instances=16/keys=20", 16, 20, 40, 32, false, 0.95, false, 0, 0},
 		// Version 2 decides these keys (a burst share of 2.5 tokens) in
 		// the exact placement where their requests are sprayed over the
 		// instances: about one Redis script per decision (a denial is
@@ -48,12 +55,12 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 		// under -race drive on schedule; with 1000 (40 000/s), and even
 		// 200, the load generator fell seconds behind, and the ratios
 		// measured nothing (see the check below).
-		{"balanced/keys=50", 4, 50, 20, 10, false, 0.95, false},
+		{"balanced/keys=50", 4, 50, 20, 10, false, 0.95, false, 0, 0},
 		// NOT invariant 2: version 2 admits 80-85% here (version 1: 97%),
 		// a known limit in the README. The light instances yield down to
 		// their demand with a burst of one token and then deny some of
 		// their own requests. This floor only keeps it from getting worse.
-		{"skewed/keys=50", 4, 50, 20, 10, true, 0.75, false},
+		{"skewed/keys=50", 4, 50, 20, 10, true, 0.75, false, 0, 0},
 		// A burst below the instance count (2 tokens over 4 instances):
 		// a lease would hold under a whole token and the default shares of
 		// two instances hold none, so every instance that wants more than
@@ -65,16 +72,26 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 		// unused (balanced 0.92-1.00 of the exact bucket, skewed 0.93-0.94;
 		// skewed measured 0.21 before these changes). These floors only
 		// keep it from getting worse.
-		{"balanced/burst=2", 4, 1, 200, 2, false, 0.85, false},
-		{"skewed/burst=2", 4, 1, 200, 2, true, 0.85, false},
+		{"balanced/burst=2", 4, 1, 200, 2, false, 0.85, false, 0, 0},
+		{"skewed/burst=2", 4, 1, 200, 2, true, 0.85, false, 0, 0},
 		// Exact bursts: every instance's first decisions on the key are
 		// exact, and the heavy instance moves to a lease. Redis counts the
 		// light exact users at their measured demand; counted at their
 		// default shares, the heavy instance's lease held the rest, and a
 		// skewed key admitted 0.45 of the exact bucket.
-		{"balanced/keys=1/exactBursts", 4, 1, 10000, 1000, false, 0.95, true},
-		{"skewed/keys=1/exactBursts", 4, 1, 10000, 1000, true, 0.95, true},
-		{"skewed/instances=16/exactBursts", 16, 1, 2000, 200, true, 0.95, true},
+		{"balanced/keys=1/exactBursts", 4, 1, 10000, 1000, false, 0.95, true, 0, 0},
+		{"skewed/keys=1/exactBursts", 4, 1, 10000, 1000, true, 0.95, true, 0, 0},
+		{"skewed/instances=16/exactBursts", 16, 1, 2000, 200, true, 0.95, true, 0, 0},
+		// Moderate skew: the light instances use half to 85% of their
+		// shares. They kept them whole while the heavy instance was held
+		// to what they left (0.73 and 0.82 of the exact bucket), until
+		// they yielded down to 85% of their share (keeping their default
+		// part of the burst), a heavy instance deciding exactly kept
+		// asking them to, and leases left the surplus to its pool. Measured
+		// 0.95 without the race detector; these floors keep them from
+		// getting worse.
+		{"skewed60/demand=1.2x", 4, 1, 200, 10, true, 0.90, false, 0.6, 1.2},
+		{"skewed70/instances=6/keys=10", 6, 10, 30, 30, true, 0.90, false, 0.7, 1.5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			instances := tc.instances
@@ -92,14 +109,15 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 			lim := hybrid.Limit{Name: "api", Rate: tc.rate, Burst: tc.burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal,
 				ExactBursts: tc.exactBursts}
 			inst := cluster(t, srv, instances, nil, lim)
-			demand := 2 * tc.rate * float64(tc.keys)
+			factor, heavy := cmp.Or(tc.factor, 2), cmp.Or(tc.heavy, 0.9)
+			demand := factor * tc.rate * float64(tc.keys)
 			per := make([]float64, instances)
 			for i := range per {
 				per[i] = demand / float64(instances)
 				if tc.skew {
-					per[i] = demand * 0.1 / float64(instances-1)
+					per[i] = demand * (1 - heavy) / float64(instances-1)
 					if i == 0 {
-						per[i] = demand * 0.9
+						per[i] = demand * heavy
 					}
 				}
 			}

@@ -724,18 +724,11 @@ func TestLeaseCountsExactUsersAtTheirDemand(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := rate - g.Granted - 2*share*b2f(!tc.exactBursts); !approx(got.PoolRate, want) {
+			if want := rate - g.Granted - 2*share*boolFloat(!tc.exactBursts); !approx(got.PoolRate, want) {
 				t.Errorf("b's pool runs at %v/s beside a's grant %v; want %v", got.PoolRate, g.Granted, want)
 			}
 		})
 	}
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // TestLeaseLeavesTheSurplusToThePool: while an instance decides a key

@@ -193,8 +193,9 @@ local demand, level, left = water_fill(wants, rate)
 -- Young wants do not cut the others' fair shares, but what is left is not
 -- handed out on top of the wants while they go unmet.
 demand = demand + h.young
-local no_surplus = yield or h.young > 0 or h.exact > 0
-local fair = fair_share(want, level, left, #wants, rate, n, no_surplus)
+-- No surplus either while others decide the key exactly (see fair_share).
+local pooled = h.exact > 0
+local fair = fair_share(want, level, left, #wants, rate, n, yield or h.young > 0 or pooled)
 local granted = math.min(fair, rate - counted)
 if lost ~= nil then granted = math.min(granted, running) end
 if granted < 0 or release then granted = 0 end
@@ -215,7 +216,7 @@ if burst ~= nil then
   wants_b[#wants_b + 1] = want_b
   local counted_b = h.others_b + (h.exact + unrecorded) * share_b + extra
   local _, level_b, left_b = water_fill(wants_b, burst)
-  granted_b = math.min(fair_share(want_b, level_b, left_b, #wants_b, burst, n, yield or h.exact > 0),
+  granted_b = math.min(fair_share(want_b, level_b, left_b, #wants_b, burst, n, yield or pooled),
     burst - counted_b)
   if lost ~= nil then granted_b = math.min(granted_b, running_b) end
   if granted_b < 0 or not (granted > 0) then granted_b = 0 end

@@ -500,10 +500,16 @@ func runnable(s local.Share, part float64) local.Share {
 func (e *engine) yieldShare(d float64, n int) local.Share {
 	s := e.share(d)
 	if !e.exactBursts && s.Limit > 0 {
-		s.Burst = max(s.Burst, e.burst/max(n, 1))
+		s.Burst = max(s.Burst, e.floorPart(n))
 	}
-	return runnable(s, float64(e.burst/max(n, 1)))
+	return runnable(s, float64(e.floorPart(n)))
 }
+
+// floorPart is the default part of the burst over n instances, rounded
+// down: what every instance's default share holds at least (the lowest
+// ranks hold one token more), and what Redis counts of an instance without
+// a record, burst/n, rounded down.
+func (e *engine) floorPart(n int) int { return e.burst / max(n, 1) }
 
 // tokenless reports whether a default share def of the limit holds less
 // than a whole token of its burst (a burst below the instance count):
@@ -905,7 +911,7 @@ func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats
 			run := e.yieldShare(le.granted, n)
 			b := float64(run.Burst)
 			if !e.exactBursts {
-				b = max(b, float64(e.burst/max(n, 1)))
+				b = max(b, float64(e.floorPart(n)))
 			}
 			if run.Limit > 0 {
 				b = max(b, 1) // an assigned share that admits anything runs a token

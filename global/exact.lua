@@ -191,6 +191,22 @@ local tokens = math.min(pool_tokens(pool_rate, pool_burst) + back, cap)
 -- Fractions of a share leave rounding errors: forgive them.
 local eps = 1e-9
 
+-- demand is the caller's demand with this take: what its takes asked for,
+-- admitted or not, so that a caller the pool turns away shows what it
+-- wants (recorded below).
+local demand = (h.own_x_d or 0) + take * 1000000 / demand_tau
+
+-- refill is the rate the turns below are worked out at: the pool's. With
+-- exact bursts, at least what the caller is counted at with this take
+-- (exact_counted): the leases leave the pool that much from their next
+-- renewals. A caller counted low (it was idle, its demand decayed), whose
+-- pool the leases had taken down to a twentieth of a share, was told to
+-- wait for that trickle, seconds on a slow key, while the leases would
+-- make room for it within a renewal. Turns are hints only: a caller that
+-- comes back early is denied again, and its demand grows.
+local refill = pool_rate
+if exact_bursts and kept == nil then refill = math.max(pool_rate, exact_counted(demand, share)) end
+
 -- turn returns how long until the caller's turn to ask again, wait being
 -- how long until the pool holds its tokens. Callers that the pool cannot
 -- serve now are told to come back one after another, one take's refill
@@ -203,7 +219,7 @@ local eps = 1e-9
 -- Only the latest turn is kept (the "q" field): the caller that holds it
 -- keeps it if it asks again before it; any other caller is queued after it.
 local function turn(wait, size)
-  local step = math.ceil(size * 1000000 / pool_rate)
+  local step = math.ceil(size * 1000000 / refill)
   local ahead = math.max(0, math.min(n - 1, math.floor(pool_burst / size + eps) - 1))
   local at = now + wait
   if h.queue ~= nil and h.queue_by == inst then
@@ -224,7 +240,7 @@ if take <= tokens + eps then
   if take > 0 and tokens + eps < 1 and pool_rate > 0 then
     -- The caller emptied the pool: its next take, of one token as most
     -- are, waits for its turn too.
-    next_turn = turn(math.ceil((1 - tokens) * 1000000 / pool_rate), 1)
+    next_turn = turn(math.ceil((1 - tokens) * 1000000 / refill), 1)
   end
   if credit > 0 then
     -- Ahead of the caller's requests, from a pool that stays at least
@@ -236,16 +252,13 @@ if take <= tokens + eps then
 elseif take > pool_burst + eps or not (pool_rate > 0) then
   retry = -1
 else
-  retry = turn(math.ceil((take - tokens) * 1000000 / pool_rate), take)
+  retry = turn(math.ceil((take - tokens) * 1000000 / refill), take)
 end
 
 local last = h.last
 if kept == nil then
-  -- The caller's demand: what its takes asked for, admitted or not, so
-  -- that a caller the pool turns away shows what it wants.
-  local d = (h.own_x_d or 0) + take * 1000000 / demand_tau
   if not (clean > now) then clean = 0 end
-  redis.call('HSET', key, self_x, encode_exact(expiry, clean, d, now))
+  redis.call('HSET', key, self_x, encode_exact(expiry, clean, demand, now))
   last = math.max(last, expiry)
 end
 redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))

@@ -782,3 +782,44 @@ func TestLeaseLeavesTheSurplusToThePool(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeExactReturningUserWaitsARenewalNotTheTrickle: with exact bursts,
+// an exact user whose demand decayed while it was idle is counted at a
+// twentieth of its share, and a heavy lease takes the rest. When it comes
+// back, the pool holds that trickle: its turn is worked out at what it is
+// counted at with this take (the leases leave it that from their next
+// renewals), not at the trickle, which on a slow key told it to wait 8 s
+// while the leases would have made room within a renewal.
+func TestTakeExactReturningUserWaitsARenewalNotTheTrickle(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate, burst, n = 10.0, 4, 4
+	key := store.LeaseKey("back", "k")
+	// b took at 2/s, five seconds ago: e⁻⁵ of that now, counted at the
+	// floor, a twentieth of its share of 2.5/s.
+	h, err := readHash(rdb, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := fmt.Sprintf("%d 0 2 %d", h.now+10_000_000, h.now-5_000_000)
+	if err := rdb.HSet(ctx, key, "x:b", rec, "p", fmt.Sprintf("0 %d", h.now)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	a := lease(t, store, global.LeaseRequest{Limit: "back", Key: "k", Instance: "a", Want: 100, Rate: rate,
+		Instances: n, TTL: 10 * time.Second, MaxTTL: 10 * time.Second, ExactBursts: true, Burst: burst, WantBurst: burst})
+	if trickle := rate - a.Granted; trickle > 0.05*rate/n+1e-9 {
+		t.Fatalf("a is granted %v: the pool keeps %v/s, want b counted at its floor", a.Granted, trickle)
+	}
+	got, err := store.TakeExact(ctx, global.ExactRequest{Limit: "back", Key: "k", Instance: "b", Rate: rate,
+		Burst: burst, Instances: n, N: 1, TTL: 10 * time.Second, ExactBursts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Counted with this take at 1.2 times its demand of about 1/s: a token
+	// in under a second.
+	if got.Allowed || got.RetryAfter <= 0 || got.RetryAfter > time.Second {
+		t.Errorf("b's take from a pool of %v/s: %+v; want denied, turn within a second", got.PoolRate, got)
+	}
+}

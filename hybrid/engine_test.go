@@ -2068,3 +2068,69 @@ func TestEngineYieldBelowATokenKeepsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineHeldLightKeyYields: a held contended key that a peer asked to
+// yield, and whose demand with headroom, measured over a second and three
+// decisions or more, is within its grant and below yieldBelow of its
+// default share, yields to that demand at its next renewal instead of
+// renewing its lease: a yield record lasts seconds, a contended lease a
+// few ticks. Until the record is written it runs at most its grant's part
+// of the burst; then the yield's share. Not when nobody asked, when its
+// decisions are too few to say its rate, when it needs more than its
+// grant (it is starved, and renews to get it), nor with exact bursts.
+func TestEngineHeldLightKeyYields(t *testing.T) {
+	// Seven decisions 200 ms apart from t0: six gaps over 1.2 s, 5/s.
+	const kept = 5 * headroom
+	for _, tc := range []struct {
+		name        string
+		granted     float64
+		every       time.Duration // between decisions, from t0 to 1.2 s
+		asked       bool
+		exactBursts bool
+		yields      bool
+	}{
+		{"light and asked", 10, 200 * ms, true, false, true},
+		{"not asked", 10, 200 * ms, false, false, false},
+		{"too few decisions", 10, 1200 * ms, true, false, false},
+		{"starved", kept - 1, 200 * ms, true, false, false},
+		{"exact bursts", 10, 200 * ms, true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, tc.exactBursts)
+			le := heldAt(r, tc.granted, tc.granted*headroom, 1200*ms)
+			le.burst = eBurst / eN // a lease asks for its default part at least (wantBurst)
+			if !r.loc.Assign(t0, "k", local.Share{Limit: rate.Limit(tc.granted), Burst: eBurst / eN}, t0.Add(2*time.Second)) {
+				t.Fatal("cannot assign k")
+			}
+			for at := tc.every; at <= 1200*ms; at += tc.every {
+				r.loc.Allow(t0.Add(at), "k")
+			}
+			if tc.asked {
+				r.eng.yieldAsked(t0.Add(time.Second), "k", eN)
+			}
+			now := t0.Add(1200 * ms)
+			calls, _ := r.eng.collect(now, eN, r.loc.AppendStats(nil), nil)
+			st, _ := r.loc.Stats("k")
+			if !tc.yields {
+				if len(calls) != 1 || calls[0].kind != callLease || le.state != stateHeld {
+					t.Fatalf("requests %+v, state %v; want a lease renewal, held", calls, le.state)
+				}
+				return
+			}
+			if len(calls) != 1 || calls[0].kind != callYield || le.state != stateYielded ||
+				math.Abs(calls[0].req.Want-kept) > 1e-9 || math.Abs(le.granted-kept) > 1e-9 {
+				t.Fatalf("requests %+v, state %v, kept %v; want a yield of %v", calls, le.state, le.granted, kept)
+			}
+			if c := calls[0].req; c.Running != c.Want || c.RunningBurst != eBurst/eN {
+				t.Fatalf("yield request %+v; want it to say it runs %v and the default part of the burst", c, kept)
+			}
+			if want := (local.Share{Limit: rate.Limit(kept), Burst: eBurst / eN}); st.Share != want {
+				t.Fatalf("running %+v until the yield is recorded; want %+v", st.Share, want)
+			}
+			r.eng.answered(now, now, &calls[0], &global.Lease{Granted: kept, Fair: kept, Contended: true})
+			if st, _ := r.loc.Stats("k"); st.Share != yielded(kept) || le.state != stateYielded {
+				t.Fatalf("recorded: running %+v, state %v; want %+v, yielded", st.Share, le.state, yielded(kept))
+			}
+		})
+	}
+}

@@ -1098,8 +1098,10 @@ func (e *engine) due(now instant, st *local.KeyStats, le *lease, def float64) bo
 
 // heldYields reports whether a held contended key, due to renew, serves
 // its clients as well yielded, and what it keeps then: its demand with
-// headroom, measured over a second and heldYieldTokens decisions or more,
-// is within its grant and below yieldBelow of its default share, a peer
+// headroom, measured over a second and heldYieldTokens decisions or more
+// (over its life on this instance if its window holds fewer: a window of
+// eight renewals of a contended lease spans about 2.4 s), is within its
+// grant and below yieldBelow of its default share, a peer
 // asked it to yield lately, and the yield record's part of the burst is
 // within the one its grant holds (split bursts only; with exact bursts a
 // light instance decides exactly). Such a key is a light instance of a key
@@ -1116,6 +1118,9 @@ func (e *engine) heldYields(now instant, n int, def float64, st *local.KeyStats,
 		return 0, false
 	}
 	d, tokens, span := le.demand.measured(now, st, def)
+	if tokens < heldYieldTokens {
+		d, tokens, span = lifeDemand(now, st, &e.clock)
+	}
 	kept := d * headroom
 	if span < time.Second || tokens < heldYieldTokens || kept >= def*yieldBelow || kept > le.granted {
 		return 0, false
@@ -1124,6 +1129,16 @@ func (e *engine) heldYields(now instant, n int, def float64, st *local.KeyStats,
 		return 0, false
 	}
 	return kept, true
+}
+
+// lifeDemand is a key's demand over its life on this instance: the tokens
+// asked for since its first decision, over the time since.
+func lifeDemand(now instant, st *local.KeyStats, clock *epoch) (float64, int64, time.Duration) {
+	span := now.Sub(clock.instant(st.Created))
+	if span <= 0 {
+		return 0, 0, 0
+	}
+	return float64(st.Attempted) / span.Seconds(), st.Attempted, span
 }
 
 // yieldHeld moves a held key to the yielded state at kept, at most its
@@ -1360,6 +1375,21 @@ func (e *engine) renewIn(ttl time.Duration, res *global.Lease, first, settled bo
 	return ttl / renewDivisor
 }
 
+// couldFree reports whether a held key's demand now, with headroom, is
+// below its grant by more than ackShrink of the rate: what a renewal now
+// would give the peer that asked. A key that is not held, or whose stats
+// are gone, renews as before. (On sweeps of slow keys, where a starved
+// peer's asks made each light instance renew every few ticks: a 10/s key
+// 90% on one of four instances, 662 -> 475 Redis commands per 1000
+// decisions at the same accuracy.)
+func (e *engine) couldFree(now instant, key string, le *lease, def float64) bool {
+	st, ok := e.shares.Stats(key)
+	if !ok || le.state != stateHeld {
+		return true
+	}
+	return le.granted-e.demandNow(now, &st, le, def)*headroom > ackShrink*e.rate
+}
+
 // yieldAsked handles a peer's ask to give up the unused default share of
 // key at now: a key this instance does not know is lowered to nothing, one
 // whose demand is well below its share to that demand, first here and then
@@ -1413,10 +1443,12 @@ func (e *engine) yieldAsked(t time.Time, key string, n int) {
 	case le.state == stateYielded:
 	case le.state == stateHeld || le.state == stateLapsed:
 		// A lease renews at once with the demand it has now, so that what
-		// it holds and no longer uses goes to the asker; and if it goes
-		// idle, it yields rather than return to its default share.
+		// it holds and no longer uses goes to the asker, if it holds any
+		// (couldFree): a starved peer asks every few ticks; and if it
+		// goes idle, or is light, it yields rather than renew or return
+		// to its default share.
 		le.askedAt = now
-		if now.Sub(le.sentAt) >= soonTicks*e.t.tick {
+		if now.Sub(le.sentAt) >= soonTicks*e.t.tick && e.couldFree(now, key, le, def) {
 			le.renewAt = now
 		}
 		return

@@ -1788,17 +1788,25 @@ func TestEngineStarvedByRate(t *testing.T) {
 // TestEngineAskedHeldRenews: asked by a peer to yield, a held key renews at
 // the next tick with its demand now, if its last request is soonTicks
 // ticks old or more; a younger one waits for its schedule.
+// One that uses its grant (its demand with headroom within ackShrink of
+// the rate of it) has nothing to give: it renews on its schedule, not at
+// each ask (a starved peer asks every few ticks, and each ask made every
+// light instance of the key renew).
 func TestEngineAskedHeldRenews(t *testing.T) {
 	for _, tc := range []struct {
 		at     time.Duration
+		every  time.Duration // between decisions from t0 to at; 0: one at t0
 		renews bool
-	}{{soonTicks * eTick, true}, {eTick, false}} {
+	}{{soonTicks * eTick, 0, true}, {eTick, 0, false}, {soonTicks * eTick, 40 * ms, false}} {
 		r := newRig(t, false)
 		heldAt(r, 25, 27.5, time.Second)
+		for at := tc.every; tc.every > 0 && at <= tc.at; at += tc.every {
+			r.loc.Allow(t0.Add(at), "k") // 25/s: its whole grant
+		}
 		r.eng.yieldAsked(t0.Add(tc.at), "k", eN)
 		calls, _ := r.eng.collect(t0.Add(tc.at), eN, r.loc.AppendStats(nil), nil)
 		if got := len(calls) == 1; got != tc.renews {
-			t.Fatalf("asked %v after its request: requests %v; want a renewal: %v", tc.at, calls, tc.renews)
+			t.Fatalf("asked %v after its request, a decision every %v: requests %v; want a renewal: %v", tc.at, tc.every, calls, tc.renews)
 		}
 	}
 }
@@ -2077,7 +2085,9 @@ func TestEngineYieldBelowATokenKeepsNothing(t *testing.T) {
 // few ticks. Until the record is written it runs at most its grant's part
 // of the burst; then the yield's share. Not when nobody asked, when its
 // decisions are too few to say its rate, when it needs more than its
-// grant (it is starved, and renews to get it), nor with exact bursts.
+// grant (it is starved, and renews to get it), nor with exact bursts. A
+// window that holds too few decisions (a sparse key's, a few renewals
+// back) gives way to the key's demand over its life.
 func TestEngineHeldLightKeyYields(t *testing.T) {
 	// Seven decisions 200 ms apart from t0: six gaps over 1.2 s, 5/s.
 	const kept = 5 * headroom
@@ -2092,6 +2102,7 @@ func TestEngineHeldLightKeyYields(t *testing.T) {
 		{"light and asked", 10, 200 * ms, true, false, true},
 		{"not asked", 10, 200 * ms, false, false, false},
 		{"too few decisions", 10, 1200 * ms, true, false, false},
+		{"sparse window, measured over its life", 10, 0, true, false, true},
 		{"starved", kept - 1, 200 * ms, true, false, false},
 		{"exact bursts", 10, 200 * ms, true, true, false},
 	} {
@@ -2102,8 +2113,19 @@ func TestEngineHeldLightKeyYields(t *testing.T) {
 			if !r.loc.Assign(t0, "k", local.Share{Limit: rate.Limit(tc.granted), Burst: eBurst / eN}, t0.Add(2*time.Second)) {
 				t.Fatal("cannot assign k")
 			}
-			for at := tc.every; at <= 1200*ms; at += tc.every {
+			for at := tc.every; tc.every > 0 && at <= 1200*ms; at += tc.every {
 				r.loc.Allow(t0.Add(at), "k")
+			}
+			if tc.every == 0 {
+				// Six decisions, the last two since its window restarted:
+				// too few to measure on, so it measures over its life:
+				// six over 1.2 s, 5/s.
+				for _, at := range []time.Duration{200 * ms, 400 * ms, 600 * ms, 1050 * ms, 1150 * ms} {
+					r.loc.Allow(t0.Add(at), "k")
+					if at == 600*ms {
+						le.demand.restart(r.eng.clock.instant(t0.Add(time.Second)), 4)
+					}
+				}
 			}
 			if tc.asked {
 				r.eng.yieldAsked(t0.Add(time.Second), "k", eN)

@@ -1794,11 +1794,18 @@ func TestEngineStarvedByRate(t *testing.T) {
 // light instance of the key renew).
 func TestEngineAskedHeldRenews(t *testing.T) {
 	for _, tc := range []struct {
-		at     time.Duration
-		every  time.Duration // between decisions from t0 to at; 0: one at t0
-		renews bool
-	}{{soonTicks * eTick, 0, true}, {eTick, 0, false}, {soonTicks * eTick, 40 * ms, false}} {
-		r := newRig(t, false)
+		at          time.Duration
+		every       time.Duration // between decisions from t0 to at; 0: one at t0
+		exactBursts bool
+		renews      bool
+	}{
+		{soonTicks * eTick, 0, false, true},
+		{eTick, 0, false, false},
+		{soonTicks * eTick, 40 * ms, false, false},
+		// With exact bursts it renews on each ask, as before (see couldFree).
+		{soonTicks * eTick, 40 * ms, true, true},
+	} {
+		r := newRig(t, tc.exactBursts)
 		heldAt(r, 25, 27.5, time.Second)
 		for at := tc.every; tc.every > 0 && at <= tc.at; at += tc.every {
 			r.loc.Allow(t0.Add(at), "k") // 25/s: its whole grant
@@ -1806,7 +1813,8 @@ func TestEngineAskedHeldRenews(t *testing.T) {
 		r.eng.yieldAsked(t0.Add(tc.at), "k", eN)
 		calls, _ := r.eng.collect(t0.Add(tc.at), eN, r.loc.AppendStats(nil), nil)
 		if got := len(calls) == 1; got != tc.renews {
-			t.Fatalf("asked %v after its request, a decision every %v: requests %v; want a renewal: %v", tc.at, tc.every, calls, tc.renews)
+			t.Fatalf("asked %v after its request, a decision every %v, exact bursts %v: requests %v; want a renewal: %v",
+				tc.at, tc.every, tc.exactBursts, calls, tc.renews)
 		}
 	}
 }

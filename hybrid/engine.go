@@ -165,6 +165,7 @@ type lease struct {
 	stable   int16  // contended renewals in a row that changed nothing (saturates)
 	burst    uint16 // the part of the burst the last grant holds locally (Lease.Burst, rounded down; saturates)
 	askGap   uint8  // ticks after a grant that a key that asked its peers renews; 0: soonTicks
+	ignored  uint8  // denials in a row that sparseDenial said nothing of (see ignoreDenial)
 	state    keyState
 	// failed: the last request for this key failed on its own. Orthogonal
 	// to state: a held grant stays in force until it ends, then lapses to
@@ -290,8 +291,12 @@ const (
 	// demand must rest on for it to yield to that demand (heldYields): one
 	// or two requests over a second say nothing of a sparse key's rate (a
 	// key at 0.5/s measured 0.9/s on one, and its yield kept nearly twice
-	// what it used while its heavy peer went short).
+	// what it used while its heavy peer went short). A denial whose window
+	// holds fewer says nothing of it either (sparseDenial).
 	heldYieldTokens = 3
+	// ignoredDenials is how many denials in a row a key may leave
+	// unanswered because they say nothing of its demand (ignoreDenial).
+	ignoredDenials = 2
 	// yieldLife is a yield record's lifetime in UncontendedTTLs: longer
 	// than any lease granted against it, since Redis counts a record that
 	// ends before a new lease would at the default share (its instance may
@@ -755,7 +760,7 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 				return e.stepYielded(now, n, def, st, le, false, calls)
 			}
 		}
-		if !denied || e.degraded || e.sparseDenial(now, st, le, def) {
+		if !denied || e.degraded || e.ignoreDenial(now, st, le, def) {
 			return calls
 		}
 		e.asks = append(e.asks, st.Key)
@@ -900,7 +905,7 @@ func (e *engine) freed(t time.Time, key string) {
 // asks for a lease when its own demand outgrows what it kept.
 func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
 	life := e.t.uncontendedTTL * yieldLife
-	if denied && e.sparseDenial(now, st, le, def) {
+	if denied && e.ignoreDenial(now, st, le, def) {
 		denied = false // what it kept serves it (sparseDenial)
 	}
 	if d := le.demandNow * headroom; !denied && !le.wantsLease && le.measured && now.Sub(le.askedAt) < life/2 &&
@@ -1175,6 +1180,23 @@ func (e *engine) sparseDenial(now instant, st *local.KeyStats, le *lease, def fl
 		return false
 	}
 	return le.state == stateDefault || d <= le.granted*headroom
+}
+
+// ignoreDenial reports whether the key asks for nothing after a denial at
+// now that sparseDenial says nothing of its demand, and counts it: at most
+// ignoredDenials in a row, after which the key asks, as it does at any
+// denial sparseDenial does not pass. Its life rate lags a demand that grew
+// after a long light life (a key yielded to 0.55/s after 40 s at 0.5/s
+// that then sees a request every 700 ms passes sparseDenial for 7 s, one
+// every 1.5 s for over a minute, denied all along); a key its bucket serves
+// is denied rarely, only when it came back with an empty bucket.
+func (e *engine) ignoreDenial(now instant, st *local.KeyStats, le *lease, def float64) bool {
+	if le.ignored >= ignoredDenials || !e.sparseDenial(now, st, le, def) {
+		le.ignored = 0
+		return false
+	}
+	le.ignored++
+	return true
 }
 
 // lifeRate is a key's rate over its life on this instance at now, false

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/local"
 	"golang.org/x/time/rate"
 )
@@ -143,16 +142,7 @@ func TestEngineSparseDenialInTheShare(t *testing.T) {
 // leaves.
 func TestEngineExactLightOverItsLife(t *testing.T) {
 	r := rigFor(t, 10, 10, false)
-	decide(4).run(r, t0) // its default share's 2 tokens, then denials
-	if calls := tick().run(r, t0); len(calls) != 1 {
-		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
-	}
-	// Contended, with a fair share of 2.5/s: 2 tokens of burst, too few.
-	answer("grant", global.Lease{Granted: 1, Fair: 2.5, Contended: true, Burst: 1}).run(r, t0)
-	le := r.eng.keys["k"]
-	if le.state != stateExact {
-		t.Fatalf("state %v after the grant; want exact", le.state)
-	}
+	le := exactByGrant(t, r, 4, 2.5) // 2 tokens of burst, too few
 	for at := eTick; at <= time.Minute; at += eTick {
 		if at%(1500*ms) == 0 {
 			r.loc.Allow(t0.Add(at), "k")
@@ -168,4 +158,51 @@ func TestEngineExactLightOverItsLife(t *testing.T) {
 		return
 	}
 	t.Fatal("the light key stayed exact for a minute")
+}
+
+// TestEngineSparseDenialsInARowAsk: a denial that sparseDenial says nothing
+// of is left unanswered ignoredDenials times in a row at most. The key of
+// TestEngineSparseKeyYieldsItsLifeRate, yielded to its life rate after 40 s
+// at 0.5/s, then sees a request every 700 ms (1.4/s, above its default
+// share) while its peer keeps asking: its life rate passes what it kept
+// only seconds later, and until then each denial passed sparseDenial, so it
+// was denied all along without asking. It now asks at the denial after
+// ignoredDenials of them.
+func TestEngineSparseDenialsInARowAsk(t *testing.T) {
+	r := rigFor(t, sparseRate, sparseBurst, false)
+	sparseRun(r, 0, 42*time.Second, every(0, 40*time.Second, 2*time.Second))
+	peerAsks().run(r, t0.Add(42*time.Second+eTick/2))
+	if le := r.eng.keys["k"]; le == nil || le.state != stateYielded {
+		t.Fatalf("after the ask: %+v; want yielded", le)
+	}
+	decisions := every(43*time.Second, time.Minute, 700*ms)
+	st, _ := r.loc.Stats("k")
+	before := st.Denied
+	for at := 42*time.Second + eTick; at <= time.Minute; at += eTick {
+		if at%time.Second == 0 {
+			peerAsks().run(r, t0.Add(at))
+		}
+		for len(decisions) > 0 && decisions[0] <= at {
+			r.loc.Allow(t0.Add(decisions[0]), "k")
+			decisions = decisions[1:]
+		}
+		calls := tick().run(r, t0.Add(at))
+		st, _ := r.loc.Stats("k")
+		denials := st.Denied - before
+		for _, c := range calls {
+			switch c.kind {
+			case callYield:
+				recorded().run(r, t0.Add(at))
+			case callLease:
+				if denials != ignoredDenials+1 {
+					t.Fatalf("at %v: a lease request after %d denials; want it at denial %d", at, denials, ignoredDenials+1)
+				}
+				return
+			}
+		}
+		if denials > ignoredDenials+1 {
+			t.Fatalf("at %v: %d denials and no lease request; want one at denial %d", at, denials, ignoredDenials+1)
+		}
+	}
+	t.Fatal("no lease request")
 }

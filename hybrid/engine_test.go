@@ -1903,6 +1903,24 @@ func TestEngineBurstPart(t *testing.T) {
 	t.Fatal("no renewal within a contended lease")
 }
 
+// exactByGrant moves "k" of r (split bursts) to the exact placement at t0:
+// k decisions, more than its default share's part of the burst, and its
+// lease request answered contended at a fair share of fair, whose part of
+// the burst r's limit splits too finely (exactBurstBelow).
+func exactByGrant(t *testing.T, r *rig, k int, fair float64) *lease {
+	t.Helper()
+	decide(k).run(r, t0) // its default share's tokens, then denials
+	if calls := tick().run(r, t0); len(calls) != 1 {
+		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
+	}
+	answer("grant", global.Lease{Granted: fair / 2, Fair: fair, Contended: true, Burst: 1}).run(r, t0)
+	le := r.eng.keys["k"]
+	if le.state != stateExact {
+		t.Fatalf("state %v after the grant; want exact", le.state)
+	}
+	return le
+}
+
 // TestEngineExactLightKeyLeaves: an exact key (split bursts) whose traffic
 // here is light but steady leaves the exact placement within seconds: a
 // limit of 20/s burst 10 over 4 instances (a default share of 5/s; an
@@ -1914,15 +1932,7 @@ func TestEngineBurstPart(t *testing.T) {
 // exact, counted at its default share, for good.
 func TestEngineExactLightKeyLeaves(t *testing.T) {
 	r := rigFor(t, 20, 10, false)
-	decide(5).run(r, t0) // its default share's 2 tokens, then denials
-	if calls := tick().run(r, t0); len(calls) != 1 {
-		t.Fatalf("%d requests; want the one asking for a lease", len(calls))
-	}
-	// Contended, with a fair share of 5/s: 2 tokens of burst, too few.
-	answer("grant", global.Lease{Granted: 2, Fair: 5, Contended: true, Burst: 1}).run(r, t0)
-	if le := r.eng.keys["k"]; le.state != stateExact {
-		t.Fatalf("state %v after the grant; want exact", le.state)
-	}
+	exactByGrant(t, r, 5, 5) // a fair share of 5/s: 2 tokens of burst, too few
 	for at := eTick; at < 15*time.Second; at += eTick {
 		if at%(750*ms) == 0 {
 			r.loc.Allow(t0.Add(at), "k")

@@ -2,16 +2,10 @@ package hybrid_test
 
 import (
 	"context"
-	"errors"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 )
@@ -45,7 +39,7 @@ func TestHeldLightInstanceYields(t *testing.T) {
 		}
 	}
 	eventually(t, 5*time.Second, "a lease record of the light instance", func() bool {
-		r, ok := recordOf(t, rdb, "instance-1")
+		r, ok := leaseRecords(t, rdb, "api", "k")["instance-1"]
 		return ok && r.lives <= uttl
 	})
 	// Then lightRate there, and twice the limit on the heavy instance.
@@ -64,9 +58,9 @@ func TestHeldLightInstanceYields(t *testing.T) {
 	pace(light, lightRate)
 	pace(heavy, 2*limitRate)
 
-	var last record
+	var last leaseRecord
 	eventually(t, 20*time.Second, "a yield record of the light instance (living longer than UncontendedTTL)", func() bool {
-		r, ok := recordOf(t, rdb, "instance-1")
+		r, ok := leaseRecords(t, rdb, "api", "k")["instance-1"]
 		last = r
 		return ok && r.lives > uttl
 	})
@@ -76,43 +70,6 @@ func TestHeldLightInstanceYields(t *testing.T) {
 	}
 	// The heavy instance's lease grows into what the light one gave up.
 	eventually(t, 10*time.Second, "the heavy instance granted what the light one left", func() bool {
-		r, ok := recordOf(t, rdb, "instance-0")
-		return ok && r.granted >= limitRate-2*lightRate
+		return leasesOf(t, rdb, "api", "k")["instance-0"] >= limitRate-2*lightRate
 	})
-}
-
-// record is an instance's lease record of a key, as Redis holds it.
-type record struct {
-	granted float64
-	lives   time.Duration // how much longer it lives, at Redis's time
-}
-
-// recordOf reads instance's "i:" record of key "k" of limit "api", if it
-// has one.
-func recordOf(t *testing.T, rdb *redis.Client, instance string) (record, bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatalf("TIME: %v", err)
-	}
-	v, err := rdb.HGet(ctx, global.New(rdb, "hybridlimit").LeaseKey("api", "k"), "i:"+instance).Result()
-	if err == redis.Nil {
-		return record{}, false
-	}
-	if err != nil {
-		t.Fatalf("HGET: %v", err)
-	}
-	// "granted want expiry_us ...", see global/records.lua.
-	f := strings.Fields(v)
-	if len(f) < 3 {
-		t.Fatalf("lease record %q", v)
-	}
-	granted, err1 := strconv.ParseFloat(f[0], 64)
-	expiry, err2 := strconv.ParseInt(f[2], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("lease record %q: %v", v, errors.Join(err1, err2))
-	}
-	return record{granted: granted, lives: time.Duration(expiry-now.UnixMicro()) * time.Microsecond}, true
 }

@@ -2,13 +2,19 @@ package hybrid_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/membership"
@@ -283,4 +289,58 @@ func pastShare(t *testing.T, l *hybrid.Limiter, limit, key string, burst int) hy
 		}
 	}
 	return d
+}
+
+// leaseRecord is one instance's "i:" record in a lease hash (see
+// global/records.lua): its grant, and how much longer it lives.
+type leaseRecord struct {
+	granted float64
+	lives   time.Duration // at Redis's time
+}
+
+// leaseRecords reads the lease hash of (limit, key) and returns the live
+// "i:" records by instance, at Redis's time.
+func leaseRecords(t *testing.T, rdb *redis.Client, limit, key string) map[string]leaseRecord {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	fields, err := rdb.HGetAll(ctx, global.New(rdb, "hybridlimit").LeaseKey(limit, key)).Result()
+	if err != nil {
+		t.Fatalf("HGETALL: %v", err)
+	}
+	out := map[string]leaseRecord{}
+	for f, v := range fields {
+		inst, ok := strings.CutPrefix(f, "i:")
+		if !ok {
+			continue
+		}
+		// "granted want expiry_us ..."
+		parts := strings.Fields(v)
+		if len(parts) < 3 {
+			t.Fatalf("lease record %s = %q", f, v)
+		}
+		granted, err1 := strconv.ParseFloat(parts[0], 64)
+		expiry, err2 := strconv.ParseInt(parts[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("lease record %s = %q: %v", f, v, errors.Join(err1, err2))
+		}
+		if lives := time.Duration(expiry-now.UnixMicro()) * time.Microsecond; lives > 0 {
+			out[inst] = leaseRecord{granted: granted, lives: lives}
+		}
+	}
+	return out
+}
+
+// leasesOf returns the grants in force of (limit, key) by instance.
+func leasesOf(t *testing.T, rdb *redis.Client, limit, key string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for inst, r := range leaseRecords(t, rdb, limit, key) {
+		out[inst] = r.granted
+	}
+	return out
 }

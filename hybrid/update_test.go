@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,9 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/membership"
@@ -174,46 +171,6 @@ func TestSetLimitsLocal(t *testing.T) {
 		t.Errorf("Limits() = %+v, want only b", got)
 	}
 	decide("b", false)
-}
-
-// leaseRecord is one instance's record in a lease hash.
-type leaseRecord struct {
-	granted float64
-	expiry  int64 // server time, microseconds
-}
-
-// leasesOf reads the lease hash of (limit, key) and returns the grants in
-// force by instance, at Redis's time.
-func leasesOf(t *testing.T, rdb *redis.Client, limit, key string) map[string]float64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	now, err := rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatalf("TIME: %v", err)
-	}
-	fields, err := rdb.HGetAll(ctx, global.New(rdb, "hybridlimit").LeaseKey(limit, key)).Result()
-	if err != nil {
-		t.Fatalf("HGETALL: %v", err)
-	}
-	out := map[string]float64{}
-	for f, v := range fields {
-		inst, ok := strings.CutPrefix(f, "i:")
-		if !ok {
-			continue
-		}
-		var r leaseRecord
-		parts := strings.Fields(v)
-		if len(parts) < 3 {
-			t.Fatalf("lease record %s = %q", f, v)
-		}
-		r.granted, _ = strconv.ParseFloat(parts[0], 64)
-		r.expiry, _ = strconv.ParseInt(parts[2], 10, 64)
-		if r.expiry > now.UnixMicro() {
-			out[inst] = r.granted
-		}
-	}
-	return out
 }
 
 func sum(m map[string]float64) float64 {

@@ -824,9 +824,10 @@ func (e *engine) step(now instant, n int, def float64, st *local.KeyStats, le *l
 
 // fell reports whether a held key's contended demand fell far below what
 // it last asked for over the last two ticks (from e.ticks[1], when its
-// Attempted counter was prev), and returns its want at the demand since:
-// a pulse that ended, or traffic that moved to another instance. Two ticks,
-// not one, so that a stall of a tick or so is not taken for a fall.
+// Attempted counter was prev), to below its grant or its fair share, and
+// returns its want at the demand since: a pulse that ended, or traffic
+// that moved to another instance. Two ticks, not one, so that a stall of a
+// tick or so is not taken for a fall.
 func (e *engine) fell(now instant, st *local.KeyStats, le *lease, prev int64) (float64, bool) {
 	from := e.ticks[1]
 	if !le.contended || from.IsZero() || e.clock.instant(st.Created).After(from) || now.Sub(le.sentAt) < e.t.tick ||
@@ -839,7 +840,15 @@ func (e *engine) fell(now instant, st *local.KeyStats, le *lease, prev int64) (f
 	if expected < fallTokens || got >= expected*fallBelow {
 		return 0, false
 	}
-	return max(got/elapsed*headroom, e.rate*minWantFraction), true
+	want := max(got/elapsed*headroom, e.rate*minWantFraction)
+	if want >= max(le.granted, le.fair) {
+		// Still above the water level Redis filled to: the fall frees
+		// nothing and changes no one's share (the split is max-min fair),
+		// so telling Redis would only cost a command and the lease's
+		// settled lifetime. The next renewal carries it.
+		return 0, false
+	}
+	return want, true
 }
 
 // demandNow is the key's demand at now: measured over its window, or, if
@@ -905,6 +914,20 @@ func (e *engine) freed(t time.Time, key string) {
 // asks for a lease when its own demand outgrows what it kept.
 func (e *engine) stepYielded(now instant, n int, def float64, st *local.KeyStats, le *lease, denied bool, calls []call) []call {
 	life := e.t.uncontendedTTL * yieldLife
+	if e.exactBursts && st.Mark != 0 && le.measuredOn && le.demand.lastAt() == now && le.demandNow*headroom > le.granted {
+		// With exact bursts a yielded key decides exactly, and its share
+		// denies nothing: its demand, measured on fallTokens decisions or
+		// more, says when it outgrew what it kept. Redis counts its yield
+		// record at what it kept, so the pool leaves it no more, and its
+		// starved peers ask again and again (a key yielded before its
+		// first request here, then wanting 34/s, was denied everything
+		// for good while its peers leased the whole rate). It decides as
+		// an exact user from now on: its next take drops the record and
+		// has it counted at its demand, and it leaves for a lease if it
+		// is heavy (stepExact).
+		e.toExact(now, st.Key, le, markExactDropLease)
+		return calls
+	}
 	if denied && e.ignoreDenial(now, st, le, def) {
 		denied = false // what it kept serves it (sparseDenial)
 	}

@@ -988,6 +988,48 @@ func TestEngineUntrackedKeys(t *testing.T) {
 	})
 }
 
+// TestEngineExactYieldedKeyOutgrows: with exact bursts, a key asked to
+// yield before its first request here yields everything and then decides
+// exactly, where its share denies nothing. Once its demand, measured on
+// fallTokens decisions or more, is above what it kept, it becomes an exact
+// user: its next take drops the yield record, so that Redis counts it at
+// its demand rather than at nothing while its peers lease the whole rate.
+// A request or two say nothing: it stays yielded.
+func TestEngineExactYieldedKeyOutgrows(t *testing.T) {
+	y := func(at time.Duration, do op, calls ...req) step {
+		return step{at: at, do: do, calls: calls, state: stateYielded, none: true, mark: markExact}
+	}
+	steps := []step{
+		y(50*ms, peerAsks()),
+		y(100*ms, tick(), yielding(0)),
+		y(100*ms, recorded()),
+	}
+	// A request a tick, 20/s, decided in Redis; the demand window opened
+	// at the ask and is measured once it spans a second, at 1050 ms.
+	for at := 150 * ms; at <= 1300*ms; at += eTick {
+		d, s := y(at, decide(1)), y(at, tick())
+		if at > 1050*ms {
+			d.state, d.mark = stateExact, markExactDropLease
+		}
+		if at >= 1050*ms {
+			s.state, s.mark = stateExact, markExactDropLease
+		}
+		steps = append(steps, d, s)
+	}
+	run(t, table{exactBursts: true, steps: steps})
+
+	t.Run("a few requests", func(t *testing.T) {
+		steps := []step{
+			y(50*ms, peerAsks()),
+			y(100*ms, tick(), yielding(0)),
+			y(100*ms, recorded()),
+			y(200*ms, decide(3)),
+		}
+		steps = append(steps, ticks(200*ms, 1300*ms, step{state: stateYielded, none: true, mark: markExact})...)
+		run(t, table{exactBursts: true, steps: steps})
+	})
+}
+
 // TestEngineAsksAfterDenial: a key in the share placement asks for a lease
 // at the first tick after its share denied a request, and only then: for
 // its measured demand with headroom, as uncontended, saying it runs its
@@ -1687,8 +1729,10 @@ func TestEngineFallGivesBack(t *testing.T) {
 		}
 	})
 	t.Run("starved", func(t *testing.T) {
+		// Granted next to nothing until the others shrink to their fair
+		// shares, of 60/s here: a want below that lowers the water level.
 		r := newRig(t, false)
-		heldAt(r, leastWant, 88, time.Second)
+		heldAt(r, leastWant, 88, time.Second).fair = 60
 		got := drive(r, every(eTick, 300*ms), 200*ms)
 		if len(got) != 1 || got[300*ms] == nil {
 			t.Fatalf("requests %v; want one, at 300 ms", got)
@@ -1705,6 +1749,28 @@ func TestEngineFallGivesBack(t *testing.T) {
 		heldAt(r, 20, 22, time.Second)
 		if got := drive(r, every(eTick, 900*ms), 0); len(got) != 0 {
 			t.Fatalf("requests %v; want none before the schedule", got)
+		}
+	})
+	t.Run("still above its share", func(t *testing.T) {
+		// Granted and fair at 5/s; after 200 ms one decision every 100 ms
+		// (10/s, wanting 11/s): a fall from 88/s, but still above the
+		// water level Redis filled to, so no one's share would change.
+		r := newRig(t, false)
+		heldAt(r, 5, 88, time.Second)
+		for _, a := range every(eTick, 500*ms) {
+			n := 4
+			if a > 200*ms {
+				n = 0
+				if a%(100*ms) == 0 {
+					n = 1
+				}
+			}
+			for range n {
+				r.loc.Allow(t0.Add(a), "k")
+			}
+			if calls, _ := r.eng.collect(t0.Add(a), eN, r.loc.AppendStats(nil), nil); len(calls) > 0 {
+				t.Fatalf("at %v: requests %v; want none before the renewal at 1s", a, calls)
+			}
 		}
 	})
 }

@@ -59,3 +59,34 @@ func TestSurelyBelowAndAbove(t *testing.T) {
 		}
 	}
 }
+
+// TestExactHeavyNeedsDecisions: an exact key leaves for a lease only on a
+// demand above exactLeaseAbove default shares shown beyond chance and on
+// fallTokens decisions or more: a few requests close together on a light
+// key pass surelyAbove's two deviations, but say nothing of its rate.
+func TestExactHeavyNeedsDecisions(t *testing.T) {
+	e := &engine{rate: eRate, burst: eBurst}
+	for _, c := range []struct {
+		tokens int64
+		span   time.Duration
+		heavy  bool
+	}{
+		// Against 4 shares of 25/s, 100/s: two or three requests within a
+		// few milliseconds pass surelyAbove but are too few.
+		{2, 5 * time.Millisecond, false},
+		{3, 10 * time.Millisecond, false},
+		{7, 20 * time.Millisecond, false},
+		{8, 20 * time.Millisecond, true},
+		// Eight over a second: 8/s, no more than chance at 100/s.
+		{8, time.Second, false},
+		{130, time.Second, true},
+	} {
+		d := float64(c.tokens) / c.span.Seconds()
+		if !surelyAbove(c.tokens, c.span, eDef*exactLeaseAbove) && c.heavy {
+			t.Fatalf("case %+v: not surely above; the table is wrong", c)
+		}
+		if got := e.exactHeavy(d, eDef, c.tokens, c.span); got != c.heavy {
+			t.Errorf("exactHeavy(%v/s, %d tokens over %v) = %v, want %v", d, c.tokens, c.span, got, c.heavy)
+		}
+	}
+}

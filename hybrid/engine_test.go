@@ -990,11 +990,12 @@ func TestEngineUntrackedKeys(t *testing.T) {
 
 // TestEngineExactYieldedKeyOutgrows: with exact bursts, a key asked to
 // yield before its first request here yields everything and then decides
-// exactly, where its share denies nothing. Once its demand, measured on
-// fallTokens decisions or more, is above what it kept, it becomes an exact
-// user: its next take drops the yield record, so that Redis counts it at
-// its demand rather than at nothing while its peers lease the whole rate.
-// A request or two say nothing: it stays yielded.
+// exactly, where its share denies nothing. Once its demand is measured
+// above what it kept (nothing: any demand is), it becomes an exact user:
+// its next take drops the yield record, so that Redis counts it at its
+// demand rather than at nothing while its peers lease the whole rate. A
+// sparse key does too, at its first measurement; one that kept part of
+// its share needs fallTokens decisions to show it outgrew that.
 func TestEngineExactYieldedKeyOutgrows(t *testing.T) {
 	y := func(at time.Duration, do op, calls ...req) step {
 		return step{at: at, do: do, calls: calls, state: stateYielded, none: true, mark: markExact}
@@ -1025,8 +1026,30 @@ func TestEngineExactYieldedKeyOutgrows(t *testing.T) {
 			y(100*ms, recorded()),
 			y(200*ms, decide(3)),
 		}
-		steps = append(steps, ticks(200*ms, 1300*ms, step{state: stateYielded, none: true, mark: markExact})...)
+		steps = append(steps, ticks(200*ms, 1000*ms, step{state: stateYielded, none: true, mark: markExact})...)
+		steps = append(steps, ticks(1050*ms, 1300*ms, step{state: stateExact, none: true, mark: markExactDropLease})...)
 		run(t, table{exactBursts: true, steps: steps})
+	})
+	t.Run("kept part of its share", func(t *testing.T) {
+		// Kept 2/s (set by hand, as a key that yielded to its measured
+		// demand would): 4/s, with headroom, is above it, but four
+		// decisions a second say too little to raise on.
+		steps := []step{
+			y(50*ms, peerAsks()),
+			y(100*ms, tick(), yielding(0)),
+			y(100*ms, recorded()),
+		}
+		for at := 150 * ms; at <= 2300*ms; at += eTick {
+			if at%(250*ms) == 0 {
+				steps = append(steps, y(at, decide(1)))
+			}
+			steps = append(steps, y(at, tick()))
+		}
+		run(t, table{exactBursts: true, steps: steps, after: func(r *rig, i int) {
+			if i == 2 {
+				r.eng.keys["k"].granted = 2
+			}
+		}})
 	})
 }
 

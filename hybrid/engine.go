@@ -851,7 +851,11 @@ func (e *engine) fell(now instant, st *local.KeyStats, le *lease, prev int64) (f
 		// Still above the water level Redis filled to: the fall frees
 		// nothing and changes no one's share (the split is max-min fair),
 		// so telling Redis would only cost a command and the lease's
-		// settled lifetime. The next renewal carries it.
+		// settled lifetime. The demand before the fall is not asked for
+		// again, though: the window restarts at the tick before, as at a
+		// give-back, and the next renewal carries the want since.
+		le.demand.restart(e.ticks[1], prev)
+		le.lastWant = want
 		return 0, false
 	}
 	return want, true

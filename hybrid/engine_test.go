@@ -1777,7 +1777,8 @@ func TestEngineFallGivesBack(t *testing.T) {
 	t.Run("still above its share", func(t *testing.T) {
 		// Granted and fair at 5/s; after 200 ms one decision every 100 ms
 		// (10/s, wanting 11/s): a fall from 88/s, but still above the
-		// water level Redis filled to, so no one's share would change.
+		// water level Redis filled to, so no one's share would change,
+		// and no request goes: the key only forgets the demand before.
 		r := newRig(t, false)
 		heldAt(r, 5, 88, time.Second)
 		for _, a := range every(eTick, 500*ms) {
@@ -1794,6 +1795,11 @@ func TestEngineFallGivesBack(t *testing.T) {
 			if calls, _ := r.eng.collect(t0.Add(a), eN, r.loc.AppendStats(nil), nil); len(calls) > 0 {
 				t.Fatalf("at %v: requests %v; want none before the renewal at 1s", a, calls)
 			}
+		}
+		// The demand before the fall is not asked for again: the want
+		// since (10/s with headroom) is what the renewal will carry.
+		if le := r.eng.keys["k"]; math.Abs(le.lastWant-11) > 1e-9 {
+			t.Fatalf("last want %v; want 11, the demand since the fall", le.lastWant)
 		}
 	})
 }

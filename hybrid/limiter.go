@@ -537,6 +537,14 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	switch {
 	case !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never:
 		ls.loc.SetHold(key, now.Add(t.RetryAfter))
+	case !t.Allowed && t.RetryAfter == Never && !(t.PoolRate > 0):
+		// The pool has no rate: the leases and the records of the other
+		// instances hold all of it, and it gets some back only as they
+		// renew, release or end. Until the earliest a contended one
+		// renews, every take would be denied: one script per request
+		// for nothing (a heavy key yielded here while its peers leased
+		// the whole rate sent 30 a second).
+		ls.loc.SetHold(key, now.Add(l.cfg.ContendedTTL/renewDivisor))
 	case t.Allowed && t.Turn > 0:
 		// This admission emptied the pool: the next tokens are for the
 		// callers whose turns come first.

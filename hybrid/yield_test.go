@@ -111,6 +111,60 @@ func TestExactDenialIsCached(t *testing.T) {
 	})
 }
 
+// TestExactDenialWithoutRateIsCached: an exact decision that Redis denied
+// because the key's pool has no rate at all (the leases of the other
+// instances hold the whole of it) is repeated in process for a renewal of
+// a contended lease, ContendedTTL/2, with no Redis command: the pool gets
+// rate back only as those leases renew, and every take until then would be
+// a script for nothing.
+func TestExactDenialWithoutRateIsCached(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := hybrid.Limit{Name: "api", Rate: 10, Burst: 4, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	const contendedTTL = 2 * time.Second
+	inst := cluster(t, srv, 2, func(c *hybrid.Config) { c.ContendedTTL = contendedTTL }, lim)
+	ctx := context.Background()
+	// Instance 0 wants 20 times the limit: it leaves the exact placement
+	// for a lease of the whole rate (with exact bursts Redis counts an
+	// instance without a record at nothing).
+	eventually(t, 10*time.Second, "instance 0 leasing the whole rate", func() bool {
+		for range 10 {
+			_, _ = inst[0].Allow(ctx, "api", "k")
+			time.Sleep(5 * time.Millisecond)
+		}
+		st, _ := inst[0].Status("api")
+		return st.LeasedRate >= 0.99*lim.Rate
+	})
+	commands := func() uint64 {
+		st, err := inst[1].Status("api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RedisCommands
+	}
+	before := commands()
+	start := time.Now()
+	d, err := inst[1].Allow(ctx, "api", "k")
+	if err != nil || d.Allowed || d.Source != hybrid.SourceGlobal || d.RetryAfter != contendedTTL/2 {
+		t.Fatalf("instance 1's first decision: %+v, %v; want an exact denial, retry after %v", d, err, contendedTTL/2)
+	}
+	if got := commands() - before; got != 1 {
+		t.Fatalf("instance 1's first decision sent %d Redis commands; want the one take", got)
+	}
+	n := 0
+	for time.Since(start) < contendedTTL/2-200*time.Millisecond {
+		if d, err := inst[1].Allow(ctx, "api", "k"); err != nil || d.Allowed || d.Source != hybrid.SourceGlobal {
+			t.Fatalf("decision %d within the hold: %+v, %v; want an exact denial", n, d, err)
+		}
+		n++
+		time.Sleep(time.Millisecond)
+	}
+	// Only the loop's commands, if any: the lease of a key that is not
+	// exact here. None is a take.
+	if got := commands() - before - 1; n < 100 || got > 2 {
+		t.Fatalf("%d decisions within the hold sent %d Redis commands; want them decided in process", n, got)
+	}
+}
+
 // TestExactCredit: with exact bursts, an allowed exact decision may bring
 // credit, tokens of the key's pool handed ahead of the next requests and
 // admitted in process, only while the pool stays at least half full. A

@@ -1000,11 +1000,16 @@ func TestEngineExactYieldedKeyOutgrows(t *testing.T) {
 	y := func(at time.Duration, do op, calls ...req) step {
 		return step{at: at, do: do, calls: calls, state: stateYielded, none: true, mark: markExact}
 	}
-	steps := []step{
-		y(50*ms, peerAsks()),
-		y(100*ms, tick(), yielding(0)),
-		y(100*ms, recorded()),
+	// Asked before its first request here: it yields everything, and the
+	// yield is recorded.
+	asked := func() []step {
+		return []step{
+			y(50*ms, peerAsks()),
+			y(100*ms, tick(), yielding(0)),
+			y(100*ms, recorded()),
+		}
 	}
+	steps := asked()
 	// A request a tick, 20/s, decided in Redis; the demand window opened
 	// at the ask and is measured once it spans a second, at 1050 ms.
 	for at := 150 * ms; at <= 1300*ms; at += eTick {
@@ -1020,12 +1025,7 @@ func TestEngineExactYieldedKeyOutgrows(t *testing.T) {
 	run(t, table{exactBursts: true, steps: steps})
 
 	t.Run("a few requests", func(t *testing.T) {
-		steps := []step{
-			y(50*ms, peerAsks()),
-			y(100*ms, tick(), yielding(0)),
-			y(100*ms, recorded()),
-			y(200*ms, decide(3)),
-		}
+		steps := append(asked(), y(200*ms, decide(3)))
 		steps = append(steps, ticks(200*ms, 1000*ms, step{state: stateYielded, none: true, mark: markExact})...)
 		steps = append(steps, ticks(1050*ms, 1300*ms, step{state: stateExact, none: true, mark: markExactDropLease})...)
 		run(t, table{exactBursts: true, steps: steps})
@@ -1034,11 +1034,7 @@ func TestEngineExactYieldedKeyOutgrows(t *testing.T) {
 		// Kept 2/s (set by hand, as a key that yielded to its measured
 		// demand would): 4/s, with headroom, is above it, but four
 		// decisions a second say too little to raise on.
-		steps := []step{
-			y(50*ms, peerAsks()),
-			y(100*ms, tick(), yielding(0)),
-			y(100*ms, recorded()),
-		}
+		steps := asked()
 		for at := 150 * ms; at <= 2300*ms; at += eTick {
 			if at%(250*ms) == 0 {
 				steps = append(steps, y(at, decide(1)))

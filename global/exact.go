@@ -3,6 +3,7 @@ package global
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 )
@@ -85,6 +86,31 @@ type ExactRequest struct {
 	// must be at least one microsecond when Credit is above 0; the instance
 	// must stop admitting it earlier, as its clock may run slow.
 	CreditTTL time.Duration
+	// Held is the demand, in tokens, of the requests the instance denied
+	// without asking since its last take, because an earlier answer told
+	// it to wait (a deny cache): each request's tokens decayed over
+	// DemandTau from when it was asked to when this take is sent, see
+	// DecayHeld. With ExactBursts the take records it in the instance's
+	// demand as if each of those requests had been a take, so that a
+	// caller waiting its turn shows what it wants. At least 0; zero adds
+	// nothing.
+	Held float64
+}
+
+// DemandTau is the time constant over which Redis forgets an exact user's
+// past takes when it measures the user's demand (exact.lua's demand_tau):
+// a take of n tokens counts n·e^(-age/DemandTau) tokens per second, age
+// after it.
+const DemandTau = time.Second
+
+// DecayHeld returns held, the demand of requests denied without asking
+// (ExactRequest.Held), decayed over age, plus n tokens asked for now: what
+// Redis would have recorded of them had each been a take.
+func DecayHeld(held float64, age time.Duration, n int) float64 {
+	if age > 0 {
+		held *= math.Exp(-float64(age) / float64(DemandTau))
+	}
+	return held + float64(n)
 }
 
 // validate checks r fully, so that no request Lua would reject reaches Redis.
@@ -110,6 +136,8 @@ func (r *ExactRequest) validate() error {
 		return fmt.Errorf("%w: return %d is negative", ErrInvalid, r.Return)
 	case r.CreditTTL < 0 || (r.Credit > 0 && r.CreditTTL < time.Microsecond):
 		return fmt.Errorf("%w: credit ttl %v is less than 1µs", ErrInvalid, r.CreditTTL)
+	case !finite(r.Held) || r.Held < 0:
+		return fmt.Errorf("%w: held %v is not a non-negative finite number", ErrInvalid, r.Held)
 	}
 	return nil
 }
@@ -167,6 +195,7 @@ func (s *Store) TakeExact(ctx context.Context, r ExactRequest) (Take, error) {
 		strconv.Itoa(r.Credit),
 		strconv.Itoa(r.Return),
 		strconv.FormatInt(int64(r.CreditTTL/time.Microsecond), 10),
+		formatFloat(r.Held),
 	}
 	cmd := exactScript.EvalSha(ctx, s.rdb, keys, args...)
 	if isNoScript(cmd.Err()) {

@@ -32,6 +32,12 @@
 --          stopped admitting them before asking (>= 0, absent = 0)
 -- ARGV[12] credit_ttl_us, how long a credit handed now lasts, us (>= 1
 --          when credit > 0; absent = 0)
+-- ARGV[13] held, the demand of the requests the instance denied in
+--          process since its last take, while its deny cache held the
+--          key (the tokens they asked for, each decayed over demand_tau
+--          from when it was asked to when this take was sent): added to
+--          the demand this take records, as if each had been a take
+--          (finite, >= 0, absent = 0)
 --
 -- The pool is what no lease and no default share holds: the exact users
 -- gave it their default shares, and it takes up what the leases leave.
@@ -86,12 +92,14 @@ local keep_lease = ARGV[9] == '1'
 local credit = tonumber(ARGV[10] or '0')
 local returned = tonumber(ARGV[11] or '0')
 local credit_ttl = tonumber(ARGV[12] or '0')
+local held = tonumber(ARGV[13] or '0')
 local valid = inst ~= nil and inst ~= '' and rate and burst and n and ttl
-  and take and give and credit and returned and credit_ttl
+  and take and give and credit and returned and credit_ttl and held
   and (ARGV[8] == '0' or ARGV[8] == '1')
   and (ARGV[9] == nil or ARGV[9] == '0' or ARGV[9] == '1')
   and not (rate < 0 or burst < 0 or n < 1 or ttl < 1 or take < 0 or give < 0
-  or credit < 0 or returned < 0 or credit_ttl < 0 or (credit > 0 and credit_ttl < 1))
+  or credit < 0 or returned < 0 or credit_ttl < 0 or (credit > 0 and credit_ttl < 1)
+  or not (held >= 0 and held < math.huge))
 if not valid then
   return redis.error_reply('ERR hybridlimit: invalid exact arguments')
 end
@@ -192,9 +200,9 @@ local tokens = math.min(pool_tokens(pool_rate, pool_burst) + back, cap)
 local eps = 1e-9
 
 -- demand is the caller's demand with this take: what its takes asked for,
--- admitted or not, so that a caller the pool turns away shows what it
--- wants (recorded below).
-local demand = (h.own_x_d or 0) + take * 1000000 / demand_tau
+-- admitted or not, and what its deny cache held, so that a caller the pool
+-- turns away shows what it wants (recorded below).
+local demand = (h.own_x_d or 0) + (take + held) * 1000000 / demand_tau
 
 -- refill is the rate the turns below are worked out at: the pool's. With
 -- exact bursts, at least what the caller is counted at with this take

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -390,6 +391,9 @@ func TestTakeExactInvalid(t *testing.T) {
 		{"ttl below a microsecond", func(r *global.ExactRequest) { r.TTL = time.Nanosecond }},
 		{"NaN give", func(r *global.ExactRequest) { r.Give = nan() }},
 		{"negative give", func(r *global.ExactRequest) { r.Give = -1 }},
+		{"NaN held", func(r *global.ExactRequest) { r.Held = nan() }},
+		{"infinite held", func(r *global.ExactRequest) { r.Held = inf() }},
+		{"negative held", func(r *global.ExactRequest) { r.Held = -1 }},
 	}
 	store := global.New(noNetwork{}, "") // any network call panics
 	for _, tt := range tests {
@@ -679,12 +683,16 @@ func TestLeaseCountsExactUsersAtTheirDemand(t *testing.T) {
 		name        string
 		exactBursts bool
 		tokens      int     // b's one take; 0: b's record is written by hand
+		held        float64 // ... which carries this much held demand
 		demand      float64 // by hand: b's demand, measured ago before the lease
 		ago         time.Duration
 		granted     float64 // a's grant, wanting the whole rate
 	}{
 		// 1 token over the 1 s time constant: 1.2/s, below the floor.
 		{name: "light", exactBursts: true, tokens: 1, granted: rate - 0.05*share},
+		// 1 token taken and 9 held, each counted as a take: 10/s, 12 with
+		// headroom.
+		{name: "held", exactBursts: true, tokens: 1, held: 9, granted: rate - 1.2*10},
 		// 30/s with headroom is above the default share: capped at it.
 		{name: "heavy", exactBursts: true, tokens: 30, granted: rate - share},
 		// 10/s measured 2 s ago is 10/e² now: counted at 1.2 times that.
@@ -698,7 +706,7 @@ func TestLeaseCountsExactUsersAtTheirDemand(t *testing.T) {
 			key := store.LeaseKey("demand", k)
 			if tc.tokens > 0 {
 				if _, err := store.TakeExact(ctx, global.ExactRequest{Limit: "demand", Key: k, Instance: "b", Rate: rate,
-					Burst: burst, Instances: n, N: tc.tokens, TTL: 10 * time.Second, ExactBursts: tc.exactBursts}); err != nil {
+					Burst: burst, Instances: n, N: tc.tokens, TTL: 10 * time.Second, ExactBursts: tc.exactBursts, Held: tc.held}); err != nil {
 					t.Fatal(err)
 				}
 			} else {
@@ -728,6 +736,60 @@ func TestLeaseCountsExactUsersAtTheirDemand(t *testing.T) {
 				t.Errorf("b's pool runs at %v/s beside a's grant %v; want %v", got.PoolRate, g.Granted, want)
 			}
 		})
+	}
+}
+
+// TestTakeExactHeldDemand: an exact user's record measures its demand as
+// DemandTau says, and a take's Held counts as that many tokens taken with
+// it: the demand its deny cache held in process is not lost.
+func TestTakeExactHeldDemand(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	key := store.LeaseKey("held", "k")
+	req := global.ExactRequest{Limit: "held", Key: "k", Instance: "b", Rate: 10, Burst: 100, Instances: 2, N: 1,
+		TTL: 10 * time.Second, ExactBursts: true}
+	// demand reads b's record: its demand and when it was measured (us).
+	demand := func() (float64, int64) {
+		t.Helper()
+		v, err := rdb.HGet(ctx, key, "x:b").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(v) // "expiry_us clean_us demand demand_us"
+		if len(f) != 4 {
+			t.Fatalf("b's record %q; want four fields", v)
+		}
+		d, err1 := strconv.ParseFloat(f[2], 64)
+		at, err2 := strconv.ParseInt(f[3], 10, 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("b's record %q: %v, %v", v, err1, err2)
+		}
+		return d, at
+	}
+	if _, err := store.TakeExact(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	d0, at0 := demand()
+	if !approx(d0, 1) {
+		t.Fatalf("b's demand after one take of 1: %v; want 1", d0)
+	}
+	for _, held := range []float64{0, 6.5} {
+		time.Sleep(100 * time.Millisecond) // for the first demand to decay: any gap will do
+		req.Held = held
+		if _, err := store.TakeExact(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		d1, at1 := demand()
+		if at1 <= at0 {
+			t.Fatalf("b's demand measured at %d, then at %d", at0, at1)
+		}
+		want := global.DecayHeld(d0, time.Duration(at1-at0)*time.Microsecond, 1) + held
+		if math.Abs(d1-want) > 1e-9 {
+			t.Errorf("b's demand %v, %dus after %v, with %v held; want %v", d1, at1-at0, d0, held, want)
+		}
+		d0, at0 = d1, at1
 	}
 }
 

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -65,6 +66,67 @@ func TestCreditBook(t *testing.T) {
 	}
 	if len(b.keys) != 201 {
 		t.Fatalf("%d credits kept; want the 201 live ones", len(b.keys))
+	}
+}
+
+// TestCreditBookHeld: the demand a key's deny cache held, at fixed
+// instants: counted only once started (a denial from a pool with no
+// rate), each request's tokens decay over global.DemandTau from when it
+// was held, as Redis decays a take's; drawing it empties it and stops the
+// count; a key never held draws nothing; and demand held long ago is
+// dropped from memory as the book grows.
+func TestCreditBookHeld(t *testing.T) {
+	var b creditBook
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	e := math.Exp(-1)
+	type row struct {
+		at   time.Duration
+		op   string // "start", "hold n", "draw"
+		n    int
+		want float64 // draw
+	}
+	for i, r := range []row{
+		{at: 0, op: "draw", want: 0},
+		{at: 0, op: "hold", n: 1}, // not started: a turn's hold
+		{at: 0, op: "draw", want: 0},
+		{at: 0, op: "start"},
+		{at: 0, op: "hold", n: 1},
+		{at: 0, op: "hold", n: 2},
+		{at: 500 * ms, op: "start"}, // started already: no change
+		{at: time.Second, op: "draw", want: 3 * e},
+		{at: time.Second, op: "draw", want: 0},
+		{at: time.Second, op: "hold", n: 1},
+		{at: 2 * time.Second, op: "start"},
+		{at: 2 * time.Second, op: "hold", n: 1},
+		{at: 3 * time.Second, op: "hold", n: 1},
+		{at: 3 * time.Second, op: "draw", want: e + 1},
+		// A decision that took the lock after a later one: counted now.
+		{at: 4 * time.Second, op: "start"},
+		{at: 5 * time.Second, op: "hold", n: 1},
+		{at: 4 * time.Second, op: "hold", n: 1},
+		{at: 6 * time.Second, op: "draw", want: 2 * e},
+	} {
+		now := at(r.at)
+		switch r.op {
+		case "start":
+			b.startHeld("k", now)
+		case "hold":
+			b.hold("k", r.n, now)
+		case "draw":
+			if got := b.drawHeld("k", now); math.Abs(got-r.want) > 1e-12 {
+				t.Fatalf("row %d (%v draw): %v; want %v", i, r.at, got, r.want)
+			}
+		}
+	}
+	for i := range 100 {
+		b.startHeld(fmt.Sprint(i), at(10*time.Second))
+	}
+	b.startHeld("late", at(10*time.Second+heldForgotten))
+	for i := range 200 {
+		b.startHeld(fmt.Sprint("x", i), at(10*time.Second+heldForgotten))
+	}
+	if len(b.held) != 201 {
+		t.Fatalf("%d held demands kept; want the 201 recent ones", len(b.held))
 	}
 }
 

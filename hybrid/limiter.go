@@ -491,9 +491,16 @@ func (ls *limitEntry) shade(d Decision) Decision {
 // mark (markExact or markExactDropLease).
 func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, mark uint8, hold time.Duration) (Decision, error) {
 	if hold > 0 {
+		if ls.ExactBursts {
+			// Redis counts the key here at the demand its takes show:
+			// the next take tells it of this request too, if the hold
+			// is for a pool with no rate (see held).
+			ls.credits.hold(key, n, now)
+		}
 		return Decision{RetryAfter: hold, Source: SourceGlobal}, nil
 	}
 	var want, back int
+	var held float64
 	if ls.ExactBursts {
 		// Credit Redis handed ahead of this request is admitted here;
 		// otherwise what is left of it goes back with the request.
@@ -501,6 +508,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 			return Decision{Allowed: true, Remaining: int64(left), Source: SourceGlobal}, nil
 		}
 		back = ls.credits.surrender(key, now)
+		held = ls.credits.drawHeld(key, now)
 		want = creditFor(ls.Burst, ls.loc.Instances())
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
@@ -513,7 +521,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// A key that stopped running a lease drops its record; any other
 		// keeps one it may be about to run (see markExact).
 		KeepLease: mark != markExactDropLease,
-		Credit:    want, Return: back, CreditTTL: creditLife,
+		Credit:    want, Return: back, CreditTTL: creditLife, Held: held,
 	})
 	cancel()
 	ls.sent(1)
@@ -543,8 +551,12 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// renew, release or end. Until the earliest a contended one
 		// renews, every take would be denied: one script per request
 		// for nothing (a heavy key yielded here while its peers leased
-		// the whole rate sent 30 a second).
+		// the whole rate sent 30 a second). What it holds is demand
+		// Redis must see: the next take carries it.
 		ls.loc.SetHold(key, now.Add(l.cfg.ContendedTTL/renewDivisor))
+		if ls.ExactBursts {
+			ls.credits.startHeld(key, now)
+		}
 	case t.Allowed && t.Turn > 0:
 		// This admission emptied the pool: the next tokens are for the
 		// callers whose turns come first.

@@ -3,9 +3,13 @@ package hybrid_test
 import (
 	"context"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/membership"
@@ -162,6 +166,80 @@ func TestExactDenialWithoutRateIsCached(t *testing.T) {
 	// exact here. None is a take.
 	if got := commands() - before - 1; n < 100 || got > 2 {
 		t.Fatalf("%d decisions within the hold sent %d Redis commands; want them decided in process", n, got)
+	}
+}
+
+// TestExactHoldCarriesDemand: with exact bursts, Redis counts an exact
+// user at the demand its takes show (the leases leave it that much of the
+// pool from their next renewals). Requests its deny cache denies in
+// process are not takes, so the take that follows the hold carries them:
+// the demand it records is at least what they asked for, decayed from the
+// first of them. Without that, an exact user held while the leases took
+// the whole rate showed Redis one request per hold, and waited seconds
+// for the share it wanted.
+func TestExactHoldCarriesDemand(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const rate = 100
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: 4, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	const contendedTTL = 2 * time.Second
+	l := newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Members: membership.NewStatic("instance-0", 2),
+		Limits: []hybrid.Limit{lim}, ContendedTTL: contendedTTL})
+	ctx := context.Background()
+	// The other instance leases the whole rate: with exact bursts Redis
+	// counts an instance without a record at nothing.
+	store := global.New(rdb, "hybridlimit")
+	g := make([]global.Lease, 1)
+	err := store.Lease(ctx, []global.LeaseRequest{{Limit: "api", Key: "k", Instance: "other", Want: rate, Rate: rate,
+		Burst: lim.Burst, WantBurst: float64(lim.Burst), Instances: 2, TTL: time.Minute, MaxTTL: time.Minute, ExactBursts: true}}, g)
+	if err != nil || g[0].Err != nil || g[0].Granted < rate || g[0].Burst < float64(lim.Burst) {
+		t.Fatalf("the other instance's lease: %+v, %v; want the whole rate and burst", g[0], err)
+	}
+	commands := func() uint64 {
+		st, err := l.Status("api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RedisCommands
+	}
+	if d, err := l.Allow(ctx, "api", "k"); err != nil || d.Allowed || d.RetryAfter != contendedTTL/2 {
+		t.Fatalf("the first decision: %+v, %v; want an exact denial, retry after %v", d, err, contendedTTL/2)
+	}
+	// Requests at 100/s, twice the default share and half of what would
+	// make the key heavy enough for a lease here (a default share's part
+	// of a burst of 4, 2 tokens, is too small for a steady key to leave
+	// the exact placement), until one is a take.
+	before, first := commands(), time.Now()
+	held := 0
+	for commands() == before {
+		if time.Since(first) > 5*contendedTTL {
+			t.Fatalf("no take within %v of the hold", 5*contendedTTL)
+		}
+		if _, err := l.Allow(ctx, "api", "k"); err != nil {
+			t.Fatal(err)
+		}
+		held++
+		time.Sleep(10 * time.Millisecond)
+	}
+	held-- // the last one was the take
+	age := time.Since(first)
+	fields, err := rdb.HGetAll(ctx, store.LeaseKey("api", "k")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	demand := -1.0
+	for f, v := range fields {
+		if rest, ok := strings.CutPrefix(f, "x:"); ok && rest != "other" {
+			// "expiry_us clean_us demand demand_us"
+			if p := strings.Fields(v); len(p) == 4 {
+				demand, _ = strconv.ParseFloat(p[2], 64)
+			}
+		}
+	}
+	// Each held request counts at least e^(-age/DemandTau).
+	if least := float64(held) * math.Exp(-float64(age)/float64(global.DemandTau)); held < 20 || demand < least {
+		t.Fatalf("after %d requests held over %v, the exact user's recorded demand is %v (record %v); want at least %.1f",
+			held, age.Round(time.Millisecond), demand, fields, least)
 	}
 }
 

@@ -544,7 +544,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	}
 	switch {
 	case !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never:
-		ls.loc.SetHold(key, now.Add(t.RetryAfter))
+		ls.loc.SetHold(key, mark, now.Add(t.RetryAfter))
 	case !t.Allowed && t.RetryAfter == Never && !(t.PoolRate > 0):
 		// The pool has no rate: the leases and the records of the other
 		// instances hold all of it, and it gets some back only as they
@@ -553,14 +553,13 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// for nothing (a heavy key yielded here while its peers leased
 		// the whole rate sent 30 a second). What it holds is demand
 		// Redis must see: the next take carries it.
-		ls.loc.SetHold(key, now.Add(l.cfg.ContendedTTL/renewDivisor))
-		if ls.ExactBursts {
+		if ls.loc.SetHold(key, mark, now.Add(l.cfg.ContendedTTL/renewDivisor)) && ls.ExactBursts {
 			ls.credits.startHeld(key, now)
 		}
 	case t.Allowed && t.Turn > 0:
 		// This admission emptied the pool: the next tokens are for the
 		// callers whose turns come first.
-		ls.loc.SetHold(key, now.Add(t.Turn))
+		ls.loc.SetHold(key, mark, now.Add(t.Turn))
 	}
 	if t.Credit > 0 {
 		// Redis started the credit's life no earlier than now: it ends

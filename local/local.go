@@ -590,18 +590,24 @@ func (l *Limiter) Give(t time.Time, key string, tokens int) bool {
 	})
 }
 
-// SetHold asks that AllowN report Hold for the marked key until until: a
-// denial that said nothing is available until then. It reports false if
-// the key does not exist or is not marked.
-func (l *Limiter) SetHold(key string, until time.Time) bool {
-	return l.with(key, func(sh *shard, e *entry) {
-		if e.mark == 0 {
+// SetHold asks that AllowN report Hold for key until until, if key is
+// marked mark (not 0): a denial that said nothing is available until then.
+// The caller passes the mark its decision was made under, so that the
+// answer of a decision that lands after the mark changed (SetMark clears
+// the hold) holds nothing. It reports whether the key exists with that
+// mark.
+func (l *Limiter) SetHold(key string, mark uint8, until time.Time) bool {
+	ok := false
+	l.with(key, func(sh *shard, e *entry) {
+		if mark == 0 || e.mark != mark {
 			return
 		}
+		ok = true
 		if d := until.Sub(sh.base); d > e.until {
 			e.until = d
 		}
 	})
+	return ok
 }
 
 // Unassign moves key back to the default share at t, lapsed or not. It

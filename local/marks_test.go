@@ -51,7 +51,16 @@ func TestMarkedKeysAreNotDecidedHere(t *testing.T) {
 	if r.Allowed || r.Mark != 1 || r.Hold != 0 {
 		t.Fatalf("marked, no hold: %+v", r)
 	}
-	l.SetHold("k", t0.Add(300*time.Millisecond))
+	// The answer of a decision made under another mark holds nothing.
+	if l.SetHold("k", 2, t0.Add(300*time.Millisecond)) || l.SetHold("nope", 1, t0.Add(300*time.Millisecond)) {
+		t.Fatal("SetHold under another mark, or of an unknown key, must fail")
+	}
+	if r := l.AllowN(t0.Add(50*time.Millisecond), "k", 1); r.Hold != 0 {
+		t.Fatalf("held under another mark: %+v", r)
+	}
+	if !l.SetHold("k", 1, t0.Add(300*time.Millisecond)) {
+		t.Fatal("SetHold under the key's mark failed")
+	}
 	if r := l.AllowN(t0.Add(100*time.Millisecond), "k", 1); r.Hold != 200*time.Millisecond {
 		t.Fatalf("held: %+v, want a hold of 200ms", r)
 	}
@@ -59,7 +68,7 @@ func TestMarkedKeysAreNotDecidedHere(t *testing.T) {
 		t.Fatalf("hold ended: %+v", r)
 	}
 	st := l.AppendStats(nil)[0]
-	if st.Attempted != 4 || st.Mark != 1 || st.Denied != 0 {
+	if st.Attempted != 5 || st.Mark != 1 || st.Denied != 0 {
 		t.Fatalf("stats of a marked key: %+v", st)
 	}
 	l.SetMark("k", 0)

@@ -243,6 +243,68 @@ func TestExactHoldCarriesDemand(t *testing.T) {
 	}
 }
 
+// TestExactYieldedKeyGetsItsShare: with exact bursts, an instance asked to
+// yield a key before its first request there yields all of it (it knows
+// no key of that name), and then decides the key exactly, where nothing
+// denies it for its own share: once its demand shows it wants more than
+// it kept, it becomes an exact user, Redis counts it at that demand, and
+// the peer that leased the whole rate leaves it its fair share. Before, it
+// stayed at the nothing it kept, its takes denied one by one for good.
+// The step table TestEngineExactYieldedKeyOutgrows holds the rule; this
+// is the same end to end.
+func TestExactYieldedKeyGetsItsShare(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	lim := hybrid.Limit{Name: "api", Rate: 10, Burst: 4, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	inst := cluster(t, srv, 2, func(c *hybrid.Config) { c.ContendedTTL = 2 * time.Second }, lim)
+	ctx := context.Background()
+	// Instance 0 wants 20 times the limit from now to the end: it leases
+	// the whole rate and asks its peer to yield, which yields all of k.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = inst[0].Allow(ctx, "api", "k")
+			time.Sleep(5 * time.Millisecond) // 200/s
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	eventually(t, 10*time.Second, "instance 0 leasing the whole rate, instance 1 yielding all of k", func() bool {
+		recs := leaseRecords(t, rdb, "api", "k")
+		y, yielded := recs["instance-1"]
+		return recs["instance-0"].granted >= 0.99*lim.Rate && yielded && y.granted == 0
+	})
+	// Instance 1 now wants 20/s, four times its default share (5/s) and
+	// below what would make it heavy enough for a lease: its fair share
+	// is 5/s. Within 10 s it gets at least 2/s over a 2 s stretch.
+	admitted := make([]time.Time, 0, 200)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		now := time.Now()
+		if now.After(deadline) {
+			t.Fatalf("instance 1 admitted %d requests of k in 10 s at 20/s, never 4 within 2 s; want its fair share, 5/s",
+				len(admitted))
+		}
+		d, err := inst[1].Allow(ctx, "api", "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted = append(admitted, now)
+			if n := len(admitted); n >= 4 && now.Sub(admitted[n-4]) <= 2*time.Second {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestExactCredit: with exact bursts, an allowed exact decision may bring
 // credit, tokens of the key's pool handed ahead of the next requests and
 // admitted in process, only while the pool stays at least half full. A

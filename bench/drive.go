@@ -367,6 +367,10 @@ func (o *openLoop) summarise(recs []*slotRecord) report.Result {
 	}
 	res.KeyBands = o.keyBands(s.keyAllowed)
 	if o.sc.Keys <= 1 {
+		for slot, allowed := range s.slotAllowed {
+			res.Slots = append(res.Slots, report.SlotShare{Arrivals: int64(o.ref.SlotArrivals[slot]),
+				Allowed: allowed, Fair: o.ref.SlotFair[slot]})
+		}
 		slices.Sort(s.admitted)
 		most, from := workload.Peak(s.admitted, workload.PeakWidth)
 		res.MaxWindow = &report.Window{WidthNS: int64(workload.PeakWidth), Admitted: int64(most), FromNS: int64(from),
@@ -407,10 +411,11 @@ func (o *openLoop) newResult() report.Result {
 
 // samples are what summarise makes percentiles and key bands of.
 type samples struct {
-	lat, lags  []time.Duration
-	down, up   []time.Duration // latencies in and out of the outage window
-	keyAllowed []int64         // by key, in the measured window
-	admitted   []time.Duration // when each admitted decision started, over the whole run; one key only
+	lat, lags   []time.Duration
+	down, up    []time.Duration // latencies in and out of the outage window
+	keyAllowed  []int64         // by key, in the measured window
+	slotAllowed []int64         // by slot (instance), in the measured window
+	admitted    []time.Duration // when each admitted decision started, over the whole run; one key only
 }
 
 // tally counts the decisions of recs into res: every admission in the
@@ -418,7 +423,7 @@ type samples struct {
 func (o *openLoop) tally(res *report.Result, recs []*slotRecord) samples {
 	sc := o.sc
 	from, to, outage := sc.Window()
-	s := samples{keyAllowed: make([]int64, len(o.ref.KeyArrivals))}
+	s := samples{keyAllowed: make([]int64, len(o.ref.KeyArrivals)), slotAllowed: make([]int64, len(recs))}
 	for slot, r := range recs {
 		res.Errors += r.errs
 		for i, a := range o.arrivals[slot] {
@@ -443,6 +448,7 @@ func (o *openLoop) tally(res *report.Result, recs []*slotRecord) samples {
 			if r.allowed[i] {
 				res.Allowed++
 				s.keyAllowed[a.Key]++
+				s.slotAllowed[slot]++
 			}
 			s.lat = append(s.lat, r.latency[i])
 			lag := started - a.At

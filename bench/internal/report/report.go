@@ -78,6 +78,10 @@ type Result struct {
 	// KeyBands splits the measured window by key popularity (scenarios
 	// with many keys): where accuracy is won or lost.
 	KeyBands []KeyBand `json:"key_bands,omitempty"`
+	// Slots splits the measured window by instance (the schedule each
+	// arrival is in), one-key scenarios only: whether the limit is shared
+	// as an exact bucket would share it, not only its total.
+	Slots []SlotShare `json:"slots,omitempty"`
 	// DistinctKeys is the number of keys with arrivals in the measured
 	// window.
 	DistinctKeys int `json:"distinct_keys"`
@@ -116,6 +120,32 @@ type KeyBand struct {
 	Allowed          int64   `json:"allowed"`
 	ReferenceAllowed int64   `json:"reference_allowed"`
 	Accuracy         float64 `json:"accuracy"`
+}
+
+// SlotShare is the measured window of one instance's arrivals: what the
+// strategy admitted of them, and Fair, the instance's fair share of what
+// the exact reference admits (workload.Reference.SlotFair: in every
+// bucket of the series, the reference's admissions split max-min fair
+// over the instances' arrivals).
+type SlotShare struct {
+	Arrivals int64   `json:"arrivals"`
+	Allowed  int64   `json:"allowed"`
+	Fair     float64 `json:"fair_share"`
+}
+
+// LeastServed returns the instance whose admissions are the smallest part
+// of its fair share, and that part; ok is false if no instance is owed
+// anything.
+func (r *Result) LeastServed() (slot int, part float64, ok bool) {
+	for i, s := range r.Slots {
+		if s.Fair < 1 {
+			continue
+		}
+		if p := float64(s.Allowed) / s.Fair; !ok || p < part {
+			slot, part, ok = i, p, true
+		}
+	}
+	return slot, part, ok
 }
 
 // Window is the most a strategy admitted of one key in any window of

@@ -240,3 +240,31 @@ func TestMarkdownAndHTML(t *testing.T) {
 		t.Errorf("%d charts, want 7 scatters and 2 time series", n)
 	}
 }
+
+// TestLeastServed: a result's least-served instance is the one that got
+// the smallest part of its fair share, among those owed a request or
+// more; the markdown has a row per one-key scenario with it, and none for
+// results without instances.
+func TestLeastServed(t *testing.T) {
+	r := sample()
+	r.Find("balanced", Hybrid).Slots = []SlotShare{
+		{Arrivals: 900, Allowed: 500, Fair: 500}, {Arrivals: 100, Allowed: 20, Fair: 100}, {Arrivals: 0, Allowed: 0, Fair: 0.5},
+	}
+	r.Find("balanced", Global).Slots = []SlotShare{{Arrivals: 10, Allowed: 10, Fair: 10}}
+	slot, part, ok := r.Find("balanced", Hybrid).LeastServed()
+	if !ok || slot != 1 || part != 0.2 {
+		t.Errorf("LeastServed = %d, %v, %v; want instance 1 at 0.2", slot, part, ok)
+	}
+	if _, _, ok := r.Find("keys", Hybrid).LeastServed(); ok {
+		t.Error("a least-served instance for a result without instances")
+	}
+	var md bytes.Buffer
+	if err := r.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| scenario | global | hybrid |", "| balanced | 1.000 (0: 10 / 10) | 0.200 (1: 20 / 100) |"} {
+		if !strings.Contains(md.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md.String())
+		}
+	}
+}

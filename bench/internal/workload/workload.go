@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -311,6 +312,14 @@ type Reference struct {
 	Demand []int
 	// KeyArrivals and KeyAdmitted are Arrivals and Admitted per key index.
 	KeyArrivals, KeyAdmitted []int
+	// SlotArrivals is Arrivals per slot (the instance whose schedule an
+	// arrival is in), and SlotFair each slot's fair share of Admitted:
+	// in every Bucket, what the exact buckets admit in it split max-min
+	// fair over the slots' arrivals in it (FairSplit). An exact bucket
+	// serves its arrivals in the order they come, which no two runs see
+	// alike; the split says what each instance is owed.
+	SlotArrivals []int
+	SlotFair     []float64
 	// Peak is the most the exact bucket admits in any window of
 	// PeakWidth over the whole run, warm-up included, and PeakFrom the
 	// start of the first such window; one-key scenarios only (0
@@ -322,17 +331,29 @@ type Reference struct {
 // Reference computes the reference of the given schedules (from Arrivals).
 // Every bucket starts full at offset 0.
 func (s Scenario) Reference(arrivals [][]Arrival) Reference {
-	perKey := make(map[int32][]time.Duration)
-	for _, arr := range arrivals {
+	type arrival struct {
+		at   time.Duration
+		slot int
+	}
+	perKey := make(map[int32][]arrival)
+	for slot, arr := range arrivals {
 		for _, a := range arr {
-			perKey[a.Key] = append(perKey[a.Key], a.At)
+			perKey[a.Key] = append(perKey[a.Key], arrival{a.At, slot})
 		}
 	}
 	n := s.Buckets()
 	ref := Reference{Series: make([]int, n), Demand: make([]int, n),
-		KeyArrivals: make([]int, max(s.Keys, 1)), KeyAdmitted: make([]int, max(s.Keys, 1))}
-	for key, at := range perKey {
-		slices.Sort(at)
+		KeyArrivals: make([]int, max(s.Keys, 1)), KeyAdmitted: make([]int, max(s.Keys, 1)),
+		SlotArrivals: make([]int, len(arrivals)), SlotFair: make([]float64, len(arrivals))}
+	// The measured window's arrivals and admissions, by bucket and slot.
+	slotDemand := make([][]float64, n)
+	slotAdmitted := make([]float64, n)
+	for key, arr := range perKey {
+		slices.SortFunc(arr, func(a, b arrival) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.slot, b.slot)) })
+		at := make([]time.Duration, len(arr))
+		for i, a := range arr {
+			at[i] = a.at
+		}
 		var admitted []time.Duration
 		for i, ok := range Exact(s.Rate, s.Burst, at) {
 			b := min(int(at[i]/s.Bucket), n-1)
@@ -340,6 +361,14 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 			if at[i] >= s.Warmup {
 				ref.Arrivals++
 				ref.KeyArrivals[key]++
+				ref.SlotArrivals[arr[i].slot]++
+				if slotDemand[b] == nil {
+					slotDemand[b] = make([]float64, len(arrivals))
+				}
+				slotDemand[b][arr[i].slot]++
+				if ok {
+					slotAdmitted[b]++
+				}
 			}
 			if ok {
 				ref.Series[b]++
@@ -356,7 +385,34 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 			ref.Peak, ref.PeakFrom = Peak(admitted, PeakWidth)
 		}
 	}
+	for b, demand := range slotDemand {
+		if demand == nil {
+			continue
+		}
+		for slot, f := range FairSplit(slotAdmitted[b], demand) {
+			ref.SlotFair[slot] += f
+		}
+	}
 	return ref
+}
+
+// FairSplit splits total max-min fair over demands: every demand gets the
+// same level, or all of itself if it is below it, and the parts sum to
+// total, or to all the demands if they sum to less.
+func FairSplit(total float64, demands []float64) []float64 {
+	parts := make([]float64, len(demands))
+	order := make([]int, len(demands))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(demands[a], demands[b]) })
+	left := total
+	for k, i := range order {
+		level := left / float64(len(order)-k)
+		parts[i] = math.Min(demands[i], level)
+		left -= parts[i]
+	}
+	return parts
 }
 
 // Buckets is the number of Bucket-wide buckets that cover [0, End).

@@ -161,6 +161,54 @@ func TestReference(t *testing.T) {
 	}
 }
 
+// TestReferenceSlots: the reference counts each slot's (instance's)
+// arrivals, and splits what it admits max-min fair over them, bucket by
+// bucket: the shares add up to its admissions, none is above its slot's
+// arrivals, and a light slot is owed all of its arrivals while the heavy
+// one takes the rest.
+func TestReferenceSlots(t *testing.T) {
+	sc := Scenario{Name: "r", Instances: 3, Rate: 100, Burst: 10, Keys: 1, Demand: 200,
+		Weights: []float64{0.8, 0.15, 0.05}, Warmup: time.Second, Measure: 2 * time.Second, Bucket: 100 * time.Millisecond}
+	ref := sc.Reference(sc.Arrivals(1, false))
+	arrivals, fair := 0, 0.0
+	for i := range ref.SlotArrivals {
+		arrivals += ref.SlotArrivals[i]
+		fair += ref.SlotFair[i]
+		if ref.SlotFair[i] > float64(ref.SlotArrivals[i])+1e-9 {
+			t.Errorf("slot %d owed %v of %d arrivals", i, ref.SlotFair[i], ref.SlotArrivals[i])
+		}
+	}
+	if len(ref.SlotArrivals) != 3 || arrivals != ref.Arrivals || math.Abs(fair-float64(ref.Admitted)) > 1e-6 {
+		t.Errorf("slots owed %v of %v; want three adding up to %d of %d", ref.SlotFair, ref.SlotArrivals, ref.Admitted, ref.Arrivals)
+	}
+	// 200/s against 100/s: the light slots (30/s and 10/s) are owed all
+	// they ask, bucket by bucket.
+	for i := 1; i < 3; i++ {
+		if math.Abs(ref.SlotFair[i]-float64(ref.SlotArrivals[i])) > 1e-9 {
+			t.Errorf("light slot %d owed %v of its %d arrivals; want all", i, ref.SlotFair[i], ref.SlotArrivals[i])
+		}
+	}
+}
+
+func TestFairSplit(t *testing.T) {
+	for _, tc := range []struct {
+		total   float64
+		demands []float64
+		want    []float64
+	}{
+		{10, []float64{8, 1, 3}, []float64{6, 1, 3}},
+		{10, []float64{5, 5}, []float64{5, 5}},
+		{10, []float64{2, 3}, []float64{2, 3}},
+		{9, []float64{6, 6, 6}, []float64{3, 3, 3}},
+		{0, []float64{1, 2}, []float64{0, 0}},
+		{4, nil, []float64{}},
+	} {
+		if got := FairSplit(tc.total, tc.demands); !slices.Equal(got, tc.want) {
+			t.Errorf("FairSplit(%v, %v) = %v; want %v", tc.total, tc.demands, got, tc.want)
+		}
+	}
+}
+
 func TestPeak(t *testing.T) {
 	ms := time.Millisecond
 	for _, tc := range []struct {

@@ -92,10 +92,15 @@ type ExactRequest struct {
 	// DemandTau from when it was asked to when this take is sent, see
 	// DecayHeld. With ExactBursts the take records it in the instance's
 	// demand as if each of those requests had been a take, so that a
-	// caller waiting its turn shows what it wants. At least 0; zero adds
-	// nothing.
+	// caller waiting its turn shows what it wants. At least 0 and at most
+	// MaxHeld; zero adds nothing.
 	Held float64
 }
+
+// MaxHeld is the most ExactRequest.Held may be: far above any demand a
+// deny cache holds, far below what would overflow the demand Redis
+// records.
+const MaxHeld = 1e12
 
 // DemandTau is the time constant over which Redis forgets an exact user's
 // past takes when it measures the user's demand (exact.lua's demand_tau):
@@ -136,8 +141,8 @@ func (r *ExactRequest) validate() error {
 		return fmt.Errorf("%w: return %d is negative", ErrInvalid, r.Return)
 	case r.CreditTTL < 0 || (r.Credit > 0 && r.CreditTTL < time.Microsecond):
 		return fmt.Errorf("%w: credit ttl %v is less than 1µs", ErrInvalid, r.CreditTTL)
-	case !finite(r.Held) || r.Held < 0:
-		return fmt.Errorf("%w: held %v is not a non-negative finite number", ErrInvalid, r.Held)
+	case !finite(r.Held) || r.Held < 0 || r.Held > MaxHeld:
+		return fmt.Errorf("%w: held %v is not a number from 0 to %g", ErrInvalid, r.Held, float64(MaxHeld))
 	}
 	return nil
 }
@@ -159,7 +164,8 @@ func (r *ExactRequest) validate() error {
 // between them. It refills
 // at its rate up to its burst; a missing pool starts with r.Give tokens, or
 // full with ExactBursts; it holds at most its burst less the live credits
-// of all instances (see ExactRequest.Credit). The result reports both (Take.PoolRate,
+// of all instances (see ExactRequest.Credit). A take records the demand of
+// its N tokens and of ExactRequest.Held. The result reports both (Take.PoolRate,
 // Take.PoolBurst); RetryAfter is Never when r.N exceeds the pool's burst or
 // its rate is 0, so a caller may ask again once the leases have shrunk.
 //

@@ -37,7 +37,7 @@
 --          key (the tokens they asked for, each decayed over demand_tau
 --          from when it was asked to when this take was sent): added to
 --          the demand this take records, as if each had been a take
---          (finite, >= 0, absent = 0)
+--          (0 to 1e12, absent = 0)
 --
 -- The pool is what no lease and no default share holds: the exact users
 -- gave it their default shares, and it takes up what the leases leave.
@@ -99,7 +99,7 @@ local valid = inst ~= nil and inst ~= '' and rate and burst and n and ttl
   and (ARGV[9] == nil or ARGV[9] == '0' or ARGV[9] == '1')
   and not (rate < 0 or burst < 0 or n < 1 or ttl < 1 or take < 0 or give < 0
   or credit < 0 or returned < 0 or credit_ttl < 0 or (credit > 0 and credit_ttl < 1)
-  or not (held >= 0 and held < math.huge))
+  or not (held >= 0 and held <= 1e12))
 if not valid then
   return redis.error_reply('ERR hybridlimit: invalid exact arguments')
 end

@@ -394,6 +394,7 @@ func TestTakeExactInvalid(t *testing.T) {
 		{"NaN held", func(r *global.ExactRequest) { r.Held = nan() }},
 		{"infinite held", func(r *global.ExactRequest) { r.Held = inf() }},
 		{"negative held", func(r *global.ExactRequest) { r.Held = -1 }},
+		{"held above MaxHeld", func(r *global.ExactRequest) { r.Held = 2 * global.MaxHeld }},
 	}
 	store := global.New(noNetwork{}, "") // any network call panics
 	for _, tt := range tests {

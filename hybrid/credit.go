@@ -46,9 +46,10 @@ type creditBook struct {
 // held is the demand of a key's requests that the deny cache denied in
 // process since its last take (global.ExactRequest.Held), measured at at,
 // while the pool had no rate. With exact bursts Redis counts an exact user
-// at the demand its takes show, and the leases leave the pool that much:
-// held until the leases renew, one take per hold, an instance that wanted
-// its share showed Redis almost none, and waited seconds for it. Holds for
+// at the demand its takes show, and the leases leave the pool that much.
+// A key held until the leases renew sends one take per hold: an instance
+// that wanted its share showed Redis almost no demand, and waited seconds
+// for it. Holds for
 // a turn are not counted: the pool refills for the caller at least at what
 // it is counted at, and counting what it held there too left the
 // headroom of every light exact user unused beside a heavy lease (a key

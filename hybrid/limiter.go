@@ -508,6 +508,8 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 			return Decision{Allowed: true, Remaining: int64(left), Source: SourceGlobal}, nil
 		}
 		back = ls.credits.surrender(key, now)
+		// Lost if the take fails: counting it again with the next take
+		// could count it twice, should the script have run.
 		held = ls.credits.drawHeld(key, now)
 		want = creditFor(ls.Burst, ls.loc.Instances())
 	}
@@ -552,9 +554,14 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// renews, every take would be denied: one script per request
 		// for nothing (a heavy key yielded here while its peers leased
 		// the whole rate sent 30 a second). What it holds is demand
-		// Redis must see: the next take carries it.
-		if ls.loc.SetHold(key, mark, now.Add(l.cfg.ContendedTTL/renewDivisor)) && ls.ExactBursts {
+		// Redis must see: the next take carries it. The count starts
+		// before the hold, so that no request the hold denies is
+		// missed, and goes if the key's mark changed meanwhile.
+		if ls.ExactBursts {
 			ls.credits.startHeld(key, now)
+		}
+		if !ls.loc.SetHold(key, mark, now.Add(l.cfg.ContendedTTL/renewDivisor)) && ls.ExactBursts {
+			ls.credits.drawHeld(key, now)
 		}
 	case t.Allowed && t.Turn > 0:
 		// This admission emptied the pool: the next tokens are for the

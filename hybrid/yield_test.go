@@ -195,51 +195,56 @@ func TestExactHoldCarriesDemand(t *testing.T) {
 	if err != nil || g[0].Err != nil || g[0].Granted < rate || g[0].Burst < float64(lim.Burst) {
 		t.Fatalf("the other instance's lease: %+v, %v; want the whole rate and burst", g[0], err)
 	}
-	commands := func() uint64 {
-		st, err := l.Status("api")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.RedisCommands
-	}
 	if d, err := l.Allow(ctx, "api", "k"); err != nil || d.Allowed || d.RetryAfter != contendedTTL/2 {
 		t.Fatalf("the first decision: %+v, %v; want an exact denial, retry after %v", d, err, contendedTTL/2)
 	}
+	// record reads this instance's exact record: its demand and when it
+	// was measured (us).
+	record := func() (demand float64, at int64) {
+		t.Helper()
+		fields, err := rdb.HGetAll(ctx, store.LeaseKey("api", "k")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for f, v := range fields {
+			if rest, ok := strings.CutPrefix(f, "x:"); ok && rest != "other" {
+				// "expiry_us clean_us demand demand_us"
+				if p := strings.Fields(v); len(p) == 4 {
+					demand, _ = strconv.ParseFloat(p[2], 64)
+					at, _ = strconv.ParseInt(p[3], 10, 64)
+					return demand, at
+				}
+			}
+		}
+		t.Fatalf("no exact record of this instance: %v", fields)
+		return 0, 0
+	}
+	_, at0 := record()
 	// Requests at 100/s, twice the default share and half of what would
 	// make the key heavy enough for a lease here (a default share's part
 	// of a burst of 4, 2 tokens, is too small for a steady key to leave
-	// the exact placement), until one is a take.
-	before, first := commands(), time.Now()
+	// the exact placement), until one is a take: the record changes.
+	first := time.Now()
 	held := 0
-	for commands() == before {
+	for {
 		if time.Since(first) > 5*contendedTTL {
 			t.Fatalf("no take within %v of the hold", 5*contendedTTL)
 		}
 		if _, err := l.Allow(ctx, "api", "k"); err != nil {
 			t.Fatal(err)
 		}
+		if _, at := record(); at != at0 {
+			break // this one was the take
+		}
 		held++
 		time.Sleep(10 * time.Millisecond)
 	}
-	held-- // the last one was the take
 	age := time.Since(first)
-	fields, err := rdb.HGetAll(ctx, store.LeaseKey("api", "k")).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	demand := -1.0
-	for f, v := range fields {
-		if rest, ok := strings.CutPrefix(f, "x:"); ok && rest != "other" {
-			// "expiry_us clean_us demand demand_us"
-			if p := strings.Fields(v); len(p) == 4 {
-				demand, _ = strconv.ParseFloat(p[2], 64)
-			}
-		}
-	}
+	demand, _ := record()
 	// Each held request counts at least e^(-age/DemandTau).
 	if least := float64(held) * math.Exp(-float64(age)/float64(global.DemandTau)); held < 20 || demand < least {
-		t.Fatalf("after %d requests held over %v, the exact user's recorded demand is %v (record %v); want at least %.1f",
-			held, age.Round(time.Millisecond), demand, fields, least)
+		t.Fatalf("after %d requests held over %v, the exact user's recorded demand is %v; want at least %.1f",
+			held, age.Round(time.Millisecond), demand, least)
 	}
 }
 

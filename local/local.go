@@ -594,7 +594,8 @@ func (l *Limiter) Give(t time.Time, key string, tokens int) bool {
 // marked mark (not 0): a denial that said nothing is available until then.
 // The caller passes the mark its decision was made under, so that the
 // answer of a decision that lands after the mark changed (SetMark clears
-// the hold) holds nothing. It reports whether the key exists with that
+// the hold) holds nothing; one that lands after the mark changed and came
+// back to mark still holds. It reports whether the key exists with that
 // mark.
 func (l *Limiter) SetHold(key string, mark uint8, until time.Time) bool {
 	ok := false

@@ -314,10 +314,12 @@ type Reference struct {
 	KeyArrivals, KeyAdmitted []int
 	// SlotArrivals is Arrivals per slot (the instance whose schedule an
 	// arrival is in), and SlotFair each slot's fair share of Admitted:
-	// in every Bucket, what the exact buckets admit in it split max-min
+	// in every Bucket, what the exact bucket admits in it split max-min
 	// fair over the slots' arrivals in it (FairSplit). An exact bucket
 	// serves its arrivals in the order they come, which no two runs see
-	// alike; the split says what each instance is owed.
+	// alike; the split says what each instance is owed. One-key
+	// scenarios only (nil otherwise): the demands of different keys do
+	// not add up to one share.
 	SlotArrivals []int
 	SlotFair     []float64
 	// Peak is the most the exact bucket admits in any window of
@@ -343,11 +345,14 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 	}
 	n := s.Buckets()
 	ref := Reference{Series: make([]int, n), Demand: make([]int, n),
-		KeyArrivals: make([]int, max(s.Keys, 1)), KeyAdmitted: make([]int, max(s.Keys, 1)),
-		SlotArrivals: make([]int, len(arrivals)), SlotFair: make([]float64, len(arrivals))}
+		KeyArrivals: make([]int, max(s.Keys, 1)), KeyAdmitted: make([]int, max(s.Keys, 1))}
 	// The measured window's arrivals and admissions, by bucket and slot.
+	oneKey := s.Keys <= 1
 	slotDemand := make([][]float64, n)
 	slotAdmitted := make([]float64, n)
+	if oneKey {
+		ref.SlotArrivals, ref.SlotFair = make([]int, len(arrivals)), make([]float64, len(arrivals))
+	}
 	for key, arr := range perKey {
 		slices.SortFunc(arr, func(a, b arrival) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.slot, b.slot)) })
 		at := make([]time.Duration, len(arr))
@@ -361,6 +366,8 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 			if at[i] >= s.Warmup {
 				ref.Arrivals++
 				ref.KeyArrivals[key]++
+			}
+			if at[i] >= s.Warmup && oneKey {
 				ref.SlotArrivals[arr[i].slot]++
 				if slotDemand[b] == nil {
 					slotDemand[b] = make([]float64, len(arrivals))

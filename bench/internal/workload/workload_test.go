@@ -188,6 +188,10 @@ func TestReferenceSlots(t *testing.T) {
 			t.Errorf("light slot %d owed %v of its %d arrivals; want all", i, ref.SlotFair[i], ref.SlotArrivals[i])
 		}
 	}
+	sc.Keys = 3
+	if ref := sc.Reference(sc.Arrivals(1, false)); ref.SlotArrivals != nil || ref.SlotFair != nil {
+		t.Errorf("slots of three keys: %v, %v; want none", ref.SlotArrivals, ref.SlotFair)
+	}
 }
 
 func TestFairSplit(t *testing.T) {

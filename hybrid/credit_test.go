@@ -117,6 +117,17 @@ func TestCreditBookHeld(t *testing.T) {
 				t.Fatalf("row %d (%v draw): %v; want %v", i, r.at, got, r.want)
 			}
 		}
+		// hold takes the lock only while some demand is counted.
+		if got := b.counting.Load(); got != int64(len(b.held)) {
+			t.Fatalf("row %d: counting %d with %d held demands", i, got, len(b.held))
+		}
+	}
+	// A take gives back the credit and sends the held demand, at once.
+	b.add("k", 2, at(7*time.Second), at(8*time.Second))
+	b.startHeld("k", at(7*time.Second))
+	b.hold("k", 1, at(7*time.Second))
+	if back, held := b.beforeTake("k", at(7*time.Second)); back != 2 || held != 1 || b.counting.Load() != 0 {
+		t.Fatalf("beforeTake: %d back, %v held, %d still counted; want 2, 1, 0", back, held, b.counting.Load())
 	}
 	for i := range 100 {
 		b.startHeld(fmt.Sprint(i), at(10*time.Second))
@@ -125,8 +136,8 @@ func TestCreditBookHeld(t *testing.T) {
 	for i := range 200 {
 		b.startHeld(fmt.Sprint("x", i), at(10*time.Second+heldForgotten))
 	}
-	if len(b.held) != 201 {
-		t.Fatalf("%d held demands kept; want the 201 recent ones", len(b.held))
+	if len(b.held) != 201 || b.counting.Load() != 201 {
+		t.Fatalf("%d held demands kept, %d counted; want the 201 recent ones", len(b.held), b.counting.Load())
 	}
 }
 

@@ -507,10 +507,10 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		if left, ok := ls.credits.use(key, n, now); ok {
 			return Decision{Allowed: true, Remaining: int64(left), Source: SourceGlobal}, nil
 		}
-		back = ls.credits.surrender(key, now)
-		// Lost if the take fails: counting it again with the next take
-		// could count it twice, should the script have run.
-		held = ls.credits.drawHeld(key, now)
+		// The held demand is lost if the take fails: counting it again
+		// with the next take could count it twice, should the script
+		// have run.
+		back, held = ls.credits.beforeTake(key, now)
 		want = creditFor(ls.Burst, ls.loc.Instances())
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)

@@ -132,18 +132,7 @@ func (r *Report) writeMaxWindows(b *strings.Builder) {
 // admitted in any 1 s window: a row per one-key scenario, a column per
 // strategy, in the order of the results.
 func (r *Report) maxWindows() (head []string, rows [][]string) {
-	var scenarios, strategies []string
-	for _, res := range r.Scenarios {
-		if res.MaxWindow == nil {
-			continue
-		}
-		if !slices.Contains(scenarios, res.Scenario) {
-			scenarios = append(scenarios, res.Scenario)
-		}
-		if !slices.Contains(strategies, res.Strategy) {
-			strategies = append(strategies, res.Strategy)
-		}
-	}
+	scenarios, strategies := r.axes(func(res *Result) bool { return res.MaxWindow != nil })
 	if len(scenarios) == 0 {
 		return nil, nil
 	}
@@ -174,13 +163,13 @@ func (r *Report) maxWindows() (head []string, rows [][]string) {
 	return head, rows
 }
 
-// writeLeastServed writes, for every one-key scenario, each strategy's
-// least-served instance: its admissions against what the exact reference
-// admits of its arrivals.
-func (r *Report) writeLeastServed(b *strings.Builder) {
-	var scenarios, strategies []string
-	for _, res := range r.Scenarios {
-		if _, _, ok := res.LeastServed(); !ok {
+// axes returns the scenarios and the strategies of the results that has
+// holds of, each once, in the order of the results: the rows and columns
+// of a table with a cell per scenario and strategy.
+func (r *Report) axes(has func(*Result) bool) (scenarios, strategies []string) {
+	for i := range r.Scenarios {
+		res := &r.Scenarios[i]
+		if !has(res) {
 			continue
 		}
 		if !slices.Contains(scenarios, res.Scenario) {
@@ -190,6 +179,17 @@ func (r *Report) writeLeastServed(b *strings.Builder) {
 			strategies = append(strategies, res.Strategy)
 		}
 	}
+	return scenarios, strategies
+}
+
+// writeLeastServed writes, for every one-key scenario, each strategy's
+// least-served instance: its admissions against its fair share of what
+// the exact reference admits (Result.LeastServed).
+func (r *Report) writeLeastServed(b *strings.Builder) {
+	scenarios, strategies := r.axes(func(res *Result) bool {
+		_, _, ok := res.LeastServed()
+		return ok
+	})
 	if len(scenarios) == 0 {
 		return
 	}

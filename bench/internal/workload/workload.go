@@ -346,12 +346,14 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 	n := s.Buckets()
 	ref := Reference{Series: make([]int, n), Demand: make([]int, n),
 		KeyArrivals: make([]int, max(s.Keys, 1)), KeyAdmitted: make([]int, max(s.Keys, 1))}
-	// The measured window's arrivals and admissions, by bucket and slot.
+	// One key: the measured window's arrivals by bucket and slot, and the
+	// admissions by bucket.
 	oneKey := s.Keys <= 1
-	slotDemand := make([][]float64, n)
-	slotAdmitted := make([]float64, n)
+	var slotDemand [][]float64
+	var slotAdmitted []float64
 	if oneKey {
 		ref.SlotArrivals, ref.SlotFair = make([]int, len(arrivals)), make([]float64, len(arrivals))
+		slotDemand, slotAdmitted = make([][]float64, n), make([]float64, n)
 	}
 	for key, arr := range perKey {
 		slices.SortFunc(arr, func(a, b arrival) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.slot, b.slot)) })
@@ -379,7 +381,7 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 			}
 			if ok {
 				ref.Series[b]++
-				if s.Keys <= 1 {
+				if oneKey {
 					admitted = append(admitted, at[i])
 				}
 				if at[i] >= s.Warmup {
@@ -388,7 +390,7 @@ func (s Scenario) Reference(arrivals [][]Arrival) Reference {
 				}
 			}
 		}
-		if s.Keys <= 1 {
+		if oneKey {
 			ref.Peak, ref.PeakFrom = Peak(admitted, PeakWidth)
 		}
 	}

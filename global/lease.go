@@ -68,7 +68,10 @@ type LeaseRequest struct {
 	// have proves that Redis lost state (FLUSHALL, a restart without
 	// persistence, a failover that lost writes): from then until MaxTTL
 	// later, when every lease granted before the loss has ended, every grant
-	// on the key is capped at the Running of its request (see Lease.Lost).
+	// on the key is capped at the Running of its request, or at the default
+	// share Rate/Instances for an instance that decides the key exactly
+	// (it holds a record of TakeExact), which the pool holds for it
+	// meanwhile (see Lease.Lost).
 	Held bool
 	// ExactBursts says the limit's instances never run a default share
 	// without asking (see ExactRequest.ExactBursts): instances that hold no
@@ -189,7 +192,8 @@ type Lease struct {
 	Expires time.Time
 	// Lost reports that Redis lost leases that instances may still run, less
 	// than the longest lease ago: Granted is then at most the request's
-	// Running, so that no instance grows into them.
+	// Running (an exact user's: at least its default share, which it held
+	// in the pool), so that no instance grows into them.
 	Lost bool
 	// In is Expires as a span from the moment the script ran, which the
 	// caller can add to its own clock: the lease's TTL for a grant, and

@@ -71,7 +71,8 @@
 -- grants made meanwhile end (expiry_us of the release). After Redis lost its records (FLUSHALL, a
 -- restart, a failover), the instances that still run pre-loss leases are
 -- not counted; until the longest of those has ended ("lost"), no grant
--- exceeds what its instance says it runs, so nobody grows into them.
+-- exceeds what its instance says it runs (an exact user: the default share
+-- the pool holds for it meanwhile), so nobody grows into them.
 -- With ARGV[14] the same holds of the burst: the parts each may hold (a
 -- lease the larger of its granted part and, until it ends, the part it
 -- said it ran; an exact user and an unrecorded instance burst/n, the
@@ -197,7 +198,29 @@ demand = demand + h.young
 local pooled = h.exact > 0
 local fair = fair_share(want, level, left, #wants, rate, n, yield or h.young > 0 or pooled)
 local granted = math.min(fair, rate - counted)
-if lost ~= nil then granted = math.min(granted, running) end
+-- While lost, no grant exceeds what Redis counts its instance at already,
+-- so that the total counted never grows into the leases Redis forgot: what
+-- the instance says it runs, what its record holds, and for an exact user
+-- (leaving the exact placement, it runs nothing locally) the default share
+-- of rate and burst that the pool holds for each exact user meanwhile
+-- (exact.lua). Its lease takes that share from the pool; the record keeps
+-- counting it at that share until the loss is forgotten (keep_share), so
+-- that its renewals may be granted it once the others' grants leave room.
+-- Before, a grant of 0 on the first request, while a peer still ran a
+-- larger grant, left its traffic with nothing until the loss was
+-- forgotten (MaxTTL).
+local may_run, may_run_b = running, running_b
+if h.own ~= nil then
+  may_run = math.max(may_run, holds(h.own, now))
+  if burst ~= nil then may_run_b = math.max(may_run_b, holds_burst(h.own, now, burst, rate)) end
+end
+local keep_share = false
+if h.own_x ~= nil then
+  may_run = math.max(may_run, share)
+  if burst ~= nil then may_run_b = math.max(may_run_b, burst / n) end
+  keep_share = lost ~= nil
+end
+if lost ~= nil then granted = math.min(granted, may_run) end
 if granted < 0 or release then granted = 0 end
 
 -- The burst, counted as the rate is (ARGV[14]). The unrecorded may hold
@@ -218,7 +241,7 @@ if burst ~= nil then
   local _, level_b, left_b = water_fill(wants_b, burst)
   granted_b = math.min(fair_share(want_b, level_b, left_b, #wants_b, burst, n, yield or pooled),
     burst - counted_b)
-  if lost ~= nil then granted_b = math.min(granted_b, running_b) end
+  if lost ~= nil then granted_b = math.min(granted_b, may_run_b) end
   if granted_b < 0 or not (granted > 0) then granted_b = 0 end
 end
 
@@ -266,6 +289,18 @@ else
     l.running_b = running_b
     last = math.max(last, l.running_until)
   end
+  if keep_share then
+    l.running = math.max(l.running or 0, share)
+    l.running_until = math.max(l.running_until or 0, lost)
+    if burst ~= nil then l.running_b = math.max(l.running_b or 0, burst / n) end
+  elseif lost ~= nil and h.own ~= nil and h.own.running_until > now and h.own.running > (l.running or 0)
+    and h.own.running_until >= (l.running_until or 0) then
+    -- While lost, a larger claim of the record that lasts at least as
+    -- long as the request's is kept (keep_share's, until it is granted).
+    l.running, l.running_until = h.own.running, h.own.running_until
+    if burst ~= nil then l.running_b = math.max(l.running_b or 0, h.own.running_b or 0) end
+  end
+  if l.running_until ~= nil then last = math.max(last, l.running_until) end
   redis.call('HSET', key, self, encode_lease(l))
   last = math.max(last, expiry)
   if drain > 0 and granted > 0 and h.pool ~= nil then

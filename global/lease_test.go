@@ -746,6 +746,103 @@ func TestLeaseCounting(t *testing.T) {
 	}
 }
 
+// TestLeaseLostExactUserKeepsItsShare: while Redis has lost leases, an
+// instance that decides a key exactly and then asks for a lease (running
+// nothing locally, as it leaves the exact placement) is granted what it may
+// take from the pool meanwhile: its default share of the rate and of the
+// burst, which the pool holds for each exact user while lost. It is not
+// held at 0 until the loss is forgotten: that left its traffic with
+// nothing for up to MaxTTL after a Redis restart. An instance without an
+// exact record is still granted only what it runs.
+func TestLeaseLostExactUserKeepsItsShare(t *testing.T) {
+	const (
+		rate   = 100.0
+		burst  = 20
+		ttl    = time.Second
+		maxTTL = time.Minute // the loss outlasts the test
+	)
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	ctx := context.Background()
+	for _, exactBursts := range []bool{false, true} {
+		t.Run(fmt.Sprint("exact_bursts=", exactBursts), func(t *testing.T) {
+			req := func(inst string, running float64, held bool) global.LeaseRequest {
+				r := global.LeaseRequest{Limit: "lostx", Key: "k", Instance: inst, Want: rate, Rate: rate, Instances: 2,
+					TTL: ttl, MaxTTL: maxTTL, Running: running, Held: held, ExactBursts: exactBursts,
+					Burst: burst, WantBurst: burst}
+				if running > 0 {
+					r.RunningFor, r.RunningBurst = ttl, burst/2
+				}
+				return r
+			}
+			if got := lease(t, store, req("a", 0, false)); got.Granted <= 0 {
+				t.Fatalf("a before the loss: %+v", got)
+			}
+			srv.FlushAll(t)
+			// a proves the loss: it runs a grant Redis has no record of.
+			if got := lease(t, store, req("a", rate/2, true)); !got.Lost || !approx(got.Granted, rate/2) {
+				t.Fatalf("a after the loss: %+v, want granted %v (its running), lost", got, rate/2)
+			}
+			// b decides the key exactly: the pool holds its default share.
+			if _, err := store.TakeExact(ctx, global.ExactRequest{Limit: "lostx", Key: "k", Instance: "b", Rate: rate,
+				Burst: burst, Instances: 2, N: 1, TTL: ttl, ExactBursts: exactBursts}); err != nil {
+				t.Fatal(err)
+			}
+			got := lease(t, store, req("b", 0, false))
+			if !got.Lost || !approx(got.Granted, rate/2) || !approx(got.Burst, burst/2) {
+				t.Errorf("b leaving the exact placement while lost: %+v, want granted %v and %v of the burst (its default share), lost",
+					got, rate/2, burst/2)
+			}
+			// c has no record: it runs nothing and may take nothing.
+			if got := lease(t, store, req("c", 0, false)); got.Granted != 0 || !got.Lost {
+				t.Errorf("c after the loss: %+v, want granted 0, lost", got)
+			}
+			srv.FlushAll(t)
+		})
+	}
+	// With exact bursts a ran the whole rate before the loss, and still
+	// does when b leaves the exact placement: b is granted nothing then,
+	// but Redis goes on counting it at its default share, so that once a
+	// runs its fair share b's renewals are granted b's.
+	t.Run("renewal", func(t *testing.T) {
+		req := func(inst string, running float64) global.LeaseRequest {
+			r := global.LeaseRequest{Limit: "lostx", Key: "k2", Instance: inst, Want: rate, Rate: rate, Instances: 2,
+				TTL: ttl, MaxTTL: maxTTL, Running: running, Held: running > 0, ExactBursts: true}
+			if running > 0 {
+				// Short claims: a's claim to the whole rate ends soon
+				// after it hears of a smaller grant.
+				r.RunningFor = 20 * time.Millisecond
+			}
+			return r
+		}
+		if got := lease(t, store, req("a", 0)); !approx(got.Granted, rate) {
+			t.Fatalf("a alone before the loss: %+v, want the whole rate", got)
+		}
+		srv.FlushAll(t)
+		aRuns := rate
+		if got := lease(t, store, req("a", aRuns)); !got.Lost || !approx(got.Granted, rate) {
+			t.Fatalf("a after the loss: %+v, want granted %v (its running), lost", got, rate)
+		}
+		if _, err := store.TakeExact(ctx, global.ExactRequest{Limit: "lostx", Key: "k2", Instance: "b", Rate: rate,
+			Burst: burst, Instances: 2, N: 1, TTL: ttl, ExactBursts: true}); err != nil {
+			t.Fatal(err)
+		}
+		b := lease(t, store, req("b", 0))
+		if !b.Lost || b.Granted != 0 {
+			t.Fatalf("b leaving the exact placement while a runs the whole rate: %+v, want granted 0, lost", b)
+		}
+		waitFor(t, "b's renewal to be granted its default share while lost", func() bool {
+			a := lease(t, store, req("a", aRuns))
+			aRuns = a.Granted
+			b = lease(t, store, req("b", b.Granted))
+			if a.Granted+b.Granted > rate+1e-9 || !a.Lost || !b.Lost {
+				t.Fatalf("a %+v and b %+v: more than the rate, or the loss forgotten", a, b)
+			}
+			return approx(b.Granted, rate/2)
+		})
+	})
+}
+
 // TestLeaseLost: after a FLUSHALL, an instance that says it holds a grant
 // finds no record of it: Redis reports Lost, and until MaxTTL has passed
 // no grant exceeds what its instance says it runs, so no instance grows

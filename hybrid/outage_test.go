@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 )
@@ -339,4 +340,104 @@ func TestRestartWithKeysGone(t *testing.T) {
 	if got := burstNowAt("h"); got > burst {
 		t.Errorf("after the restart a Hybrid key admitted %d at once, more than its burst %d", got, burst)
 	}
+}
+
+// TestExactUserLeavesForALeaseWhileLost: after Redis lost its records (a
+// FLUSHALL here, a restart without persistence in the bench's outage
+// scenario), an instance that starts deciding a key exactly and then moves
+// it to a lease is granted its default share, which the pool held for it
+// as an exact user, not nothing until the loss is forgotten (MaxTTL, two
+// uncontended leases, later): before, it admitted nothing for up to that
+// long. The bound holds meanwhile.
+func TestExactUserLeavesForALeaseWhileLost(t *testing.T) {
+	srv := redistest.Start(t)
+	const (
+		rate, burst = 100.0, 20
+		heavy       = 1.5 * rate // instance 0, leasing before the flush
+		light       = 0.6 * rate // instance 1, above its default share of rate/2
+		lightFor    = 7 * time.Second
+		lastPart    = 2 * time.Second // measured: by then instance 0 has renewed
+	)
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, ExactBursts: true, OnOutage: hybrid.FailClosed}
+	// The loss is remembered for two uncontended leases: 20 s, past the
+	// end of the test.
+	inst := cluster(t, srv, 2, func(c *hybrid.Config) { c.UncontendedTTL = 10 * time.Second }, lim)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	hash := global.New(rdb, "hybridlimit").LeaseKey("api", "k")
+	start := time.Now()
+	var mu sync.Mutex
+	var admitted [2][]time.Duration // by instance, offsets from start
+	pace := func(i int, perSec float64, stop <-chan struct{}) {
+		next := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if w := time.Until(next); w > 0 {
+				time.Sleep(w) // pacing an open loop, not waiting for a result
+			}
+			next = next.Add(time.Duration(float64(time.Second) / perSec))
+			d, err := inst[i].Allow(ctx, "api", "k")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.Allowed {
+				mu.Lock()
+				admitted[i] = append(admitted[i], time.Since(start))
+				mu.Unlock()
+			}
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { pace(0, heavy, stop) })
+	defer func() { close(stop); wg.Wait() }()
+	eventually(t, 10*time.Second, "instance 0 on a lease", func() bool {
+		return leasesOf(t, rdb, "api", "k")["instance-0"] > 0
+	})
+	srv.FlushAll(t)
+	// Instance 0's next renewal says it runs a grant Redis has no record
+	// of: the loss is proven.
+	lostSet := func() bool {
+		ok, err := rdb.HExists(ctx, hash, "lost").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	eventually(t, 5*time.Second, "Redis to learn of the loss", lostSet)
+	from := time.Since(start)
+	lightStop := make(chan struct{})
+	time.AfterFunc(lightFor, func() { close(lightStop) })
+	pace(1, light, lightStop)
+	if !lostSet() {
+		t.Fatal("the loss was forgotten before instance 1 stopped: the test checks nothing")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Instance 1 leaves the exact placement within a second or two, and is
+	// granted its default share (rate/2) once instance 0, which ran the
+	// whole rate on an uncontended lease, has renewed (within a third of
+	// UncontendedTTL, sooner when asked); over the last part it admits
+	// about that share, not nothing.
+	late := since(admitted[1], from+lightFor-lastPart)
+	if want := 0.6 * rate / 2 * lastPart.Seconds(); float64(late) < want {
+		t.Errorf("instance 1 admitted %d in the last %v while the loss was remembered, want at least %.0f (its default share is %v/s)",
+			late, lastPart, want, rate/2)
+	}
+	all := slices.Sorted(slices.Values(append(slices.Clone(admitted[0]), admitted[1]...)))
+	tick := hybrid.DefaultConfig(nil, nil).Tick.Seconds()
+	coldStart := 2 * (burst/2 + rate/2*tick) // each instance, once, for the flush
+	if got, bound := maxInWindow(all, time.Second), rate+burst+coldStart; float64(got) > bound {
+		t.Errorf("%d admitted in a 1s window, bound %.0f", got, bound)
+	}
+	var per []int // instance 1's admissions per half second
+	for at := from; at < from+lightFor; at += time.Second / 2 {
+		per = append(per, since(admitted[1], at)-since(admitted[1], at+time.Second/2))
+	}
+	t.Logf("instance 1 admitted %v per 500ms; instance 0 %d in all", per, len(admitted[0]))
 }

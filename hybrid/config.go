@@ -187,7 +187,11 @@ type Limit struct {
 	// never hold more than Burst. False, the zero value, splits bursts: keys start at their default
 	// share with no Redis at all, and a burst on a fresh key is cut at this
 	// instance's part of Burst until the other instances yield theirs. See
-	// the README for measured figures of both.
+	// the README for measured figures of both. A limit whose Burst is below
+	// the instance count needs exact bursts: split, the parts of a key's
+	// burst sum to Burst, so some instance holds no token of it and decides
+	// its requests in Redis against a pool that may hold none (the Limiter
+	// logs a warning when that comes to pass).
 	ExactBursts bool `json:",omitempty"`
 }
 

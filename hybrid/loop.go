@@ -131,6 +131,7 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 		degraded := ls.degraded.Load()
 		// The largest recent count may have aged out of PeakWindow.
 		l.resplit(ls, now, n)
+		l.warnBurstBelowN(ls, n)
 		// A degraded limit recovers when Redis answers: a renewal, or a
 		// probe when there is none (a Global limit, or a Hybrid one whose
 		// keys ask for nothing, for example one degraded since New).

@@ -293,12 +293,19 @@ else
     l.running = math.max(l.running or 0, share)
     l.running_until = math.max(l.running_until or 0, lost)
     if burst ~= nil then l.running_b = math.max(l.running_b or 0, burst / n) end
-  elseif lost ~= nil and h.own ~= nil and h.own.running_until > now and h.own.running > (l.running or 0)
+  elseif lost ~= nil and h.own ~= nil and h.own.running_until > now
+    and math.min(h.own.running, share) > (l.running or 0)
     and h.own.running_until >= (l.running_until or 0) then
-    -- While lost, a larger claim of the record that lasts at least as
-    -- long as the request's is kept (keep_share's, until it is granted).
-    l.running, l.running_until = h.own.running, h.own.running_until
-    if burst ~= nil then l.running_b = math.max(l.running_b or 0, h.own.running_b or 0) end
+    -- While lost, the record's claim, up to the default share, is kept
+    -- if it is larger than the request's and lasts at least as long:
+    -- keep_share's, until the instance is granted it. A larger claim (a
+    -- lease the instance ran before it heard of a smaller grant) is not:
+    -- the instance said it runs less now, and its peers may grow into
+    -- what it gave up.
+    l.running, l.running_until = math.min(h.own.running, share), h.own.running_until
+    if burst ~= nil then
+      l.running_b = math.max(l.running_b or 0, math.min(h.own.running_b or 0, burst / n))
+    end
   end
   if l.running_until ~= nil then last = math.max(last, l.running_until) end
   redis.call('HSET', key, self, encode_lease(l))

@@ -800,41 +800,51 @@ func TestLeaseLostExactUserKeepsItsShare(t *testing.T) {
 			srv.FlushAll(t)
 		})
 	}
-	// With exact bursts a ran the whole rate before the loss, and still
-	// does when b leaves the exact placement: b is granted nothing then,
-	// but Redis goes on counting it at its default share, so that once a
-	// runs its fair share b's renewals are granted b's.
+	// With exact bursts a ran the whole rate before the loss, on a long
+	// lease, and still does when b leaves the exact placement: b is
+	// granted nothing then, but Redis goes on counting it at its default
+	// share, so that once a says it runs its fair share b's renewals are
+	// granted b's. a's long claim to the whole rate is not kept past a's
+	// word that it runs less: only a claim up to the default share is.
 	t.Run("renewal", func(t *testing.T) {
-		req := func(inst string, running float64) global.LeaseRequest {
+		req := func(inst string, running float64, runningFor time.Duration) global.LeaseRequest {
 			r := global.LeaseRequest{Limit: "lostx", Key: "k2", Instance: inst, Want: rate, Rate: rate, Instances: 2,
 				TTL: ttl, MaxTTL: maxTTL, Running: running, Held: running > 0, ExactBursts: true}
 			if running > 0 {
-				// Short claims: a's claim to the whole rate ends soon
-				// after it hears of a smaller grant.
-				r.RunningFor = 20 * time.Millisecond
+				r.RunningFor = runningFor
 			}
 			return r
 		}
-		if got := lease(t, store, req("a", 0)); !approx(got.Granted, rate) {
+		// Claims after a hears of a smaller grant are short.
+		const short = 20 * time.Millisecond
+		if got := lease(t, store, req("a", 0, 0)); !approx(got.Granted, rate) {
 			t.Fatalf("a alone before the loss: %+v, want the whole rate", got)
 		}
 		srv.FlushAll(t)
 		aRuns := rate
-		if got := lease(t, store, req("a", aRuns)); !got.Lost || !approx(got.Granted, rate) {
+		// a's lease of the whole rate had most of a minute to run.
+		if got := lease(t, store, req("a", aRuns, maxTTL/2)); !got.Lost || !approx(got.Granted, rate) {
 			t.Fatalf("a after the loss: %+v, want granted %v (its running), lost", got, rate)
 		}
 		if _, err := store.TakeExact(ctx, global.ExactRequest{Limit: "lostx", Key: "k2", Instance: "b", Rate: rate,
 			Burst: burst, Instances: 2, N: 1, TTL: ttl, ExactBursts: true}); err != nil {
 			t.Fatal(err)
 		}
-		b := lease(t, store, req("b", 0))
+		b := lease(t, store, req("b", 0, 0))
 		if !b.Lost || b.Granted != 0 {
 			t.Fatalf("b leaving the exact placement while a runs the whole rate: %+v, want granted 0, lost", b)
 		}
+		// a renews while it still runs its long lease: it is granted its
+		// fair share, and from then on says it runs that.
+		a := lease(t, store, req("a", aRuns, maxTTL/2))
+		if !a.Lost || !approx(a.Granted, rate/2) {
+			t.Fatalf("a renewing beside b's counted share: %+v, want granted %v, lost", a, rate/2)
+		}
+		aRuns = a.Granted
 		waitFor(t, "b's renewal to be granted its default share while lost", func() bool {
-			a := lease(t, store, req("a", aRuns))
+			a := lease(t, store, req("a", aRuns, short))
 			aRuns = a.Granted
-			b = lease(t, store, req("b", b.Granted))
+			b = lease(t, store, req("b", b.Granted, short))
 			if a.Granted+b.Granted > rate+1e-9 || !a.Lost || !b.Lost {
 				t.Fatalf("a %+v and b %+v: more than the rate, or the loss forgotten", a, b)
 			}

@@ -1,0 +1,286 @@
+// Package placement is the placement policy of one Hybrid limit (placement
+// version 3): for each key on this instance, whether it is decided exactly,
+// one script per decision against the key's pool in Redis, or locally at a
+// rate leased from Redis; what to ask Redis for and when; and what an
+// answer changes.
+//
+// A Policy reads no clock, starts no goroutine, sends nothing and imports
+// nothing else of this module. Its caller (package hybrid's lease loop)
+// hands it the time, each key's statistics and Redis's answers, and carries
+// out what it returns: lease asks and releases to send, and marks and
+// grants to put in force in the key's local limiter. So the policy is
+// tested with step tables at fixed instants, and the import graph shows
+// that it is pure.
+//
+// A key is in one of three states (State). Its first decision on an
+// instance is exact (Exact), so a client's burst of up to the limit's burst
+// is admitted whole wherever it lands. When a lease would admit as well for
+// fewer scripts (see worth), the key asks for one (Asking) and goes on
+// deciding exactly until the grant is in force (Leased). A lease that ends,
+// goes idle or stops being worth it goes back to Exact before its record
+// is released: a key never decides locally without a grant that Redis
+// counts.
+//
+// Every state change bumps the key's generation (Gen), which each ask and
+// each exact take carries to Redis: a take from an older generation never
+// drops a newer lease, and an ask from an older generation never writes
+// over a newer record. An exact key's generation is also its mark in the
+// local limiter, so that a hold set under one generation ends with it.
+package placement
+
+import (
+	"fmt"
+	"time"
+)
+
+// Thresholds of the policy. Rates are in tokens per second.
+const (
+	// Headroom multiplies a key's measured demand into its want, so that a
+	// key whose demand grows a little is not starved until its next
+	// renewal.
+	Headroom = 1.1
+	// MinWantFraction of the rate is the least a leased key asks for.
+	MinWantFraction = 1e-3
+
+	// A key is worth a lease when the lease would hold at least
+	// EnterBurst tokens of the limit's burst at its demand or its fair
+	// share, whichever is larger (see worth), and its demand would fill at
+	// least EnterRenewal tokens per renewal period: below those a lease
+	// splits the burst too finely for its clients' clumps (requests
+	// sprayed over the instances near the limit are cut at a token or two
+	// each), or costs more renewals than exact decisions. A leased key
+	// leaves for the exact placement below LeaveBurst and LeaveRenewal:
+	// the gap between the two pairs keeps a key near the line from
+	// flapping.
+	EnterBurst   = 4.0
+	LeaveBurst   = 2.0
+	EnterRenewal = 2.0
+	LeaveRenewal = 0.5
+	// MinTokens is the least number of tokens a key not yet tracked must
+	// have asked for before its demand is believed: one or two requests
+	// close together measure a rate that says nothing.
+	MinTokens = 8
+
+	// EndEarly is the part of a lease's lifetime after which its grant
+	// ends locally: Redis started the lease no earlier than the ask went
+	// out, so the grant ends here before it ends there, whatever the
+	// clocks.
+	EndEarly = 0.9
+	// A lease renews once 1/RenewDivisor of its lifetime has passed, so
+	// that a renewal that fails leaves time for more before it ends.
+	RenewDivisor = 2
+	// SettleAfter renewals in a row whose grant moved by at most
+	// SettledWithin of itself make a lease settled: its lifetime then
+	// grows SettledGrowth times at each further renewal, from
+	// ContendedTTL up to UncontendedTTL, so that a steady key costs a
+	// renewal every few seconds, while a key whose share still moves
+	// renews often enough to follow it.
+	SettleAfter   = 3
+	SettledWithin = 0.1
+	SettledGrowth = 4
+	// A leased key renews early, at most every EarlyTicks ticks, when its
+	// want falls below Shrink of its grant (it would free a quarter for
+	// the others) or, if its grant is below its fair share, rises above
+	// Grow times its grant (it could take more): demand follows traffic
+	// within a renewal or two.
+	Shrink     = 0.75
+	Grow       = 1.25
+	EarlyTicks = 2
+	// BelowFair is the part of its fair share below which a contended
+	// grant may take more when its demand grows (see early).
+	BelowFair = 0.99
+)
+
+// State is where a key stands on this instance.
+type State uint8
+
+const (
+	// Exact: every decision is one script against the key's pool in
+	// Redis, with a deny cache; the key runs nothing locally.
+	Exact State = iota
+	// Asking: a lease was asked for and no grant is in force yet; the key
+	// goes on deciding exactly (make before break).
+	Asking
+	// Leased: a grant is in force until its end.
+	Leased
+)
+
+func (s State) String() string {
+	switch s {
+	case Exact:
+		return "exact"
+	case Asking:
+		return "asking"
+	case Leased:
+		return "leased"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Config is the limit and the lease loop's timings.
+type Config struct {
+	Rate  float64 // tokens per second, positive
+	Burst int     // tokens, at least 1
+	// Tick is the loop's period; ContendedTTL the lifetime of a new or
+	// moving lease; UncontendedTTL the longest lease, and twice the time
+	// after which a leased key without decisions is released.
+	Tick, ContendedTTL, UncontendedTTL time.Duration
+}
+
+// Stats is what the local limiter knows of a key at a tick.
+type Stats struct {
+	Key string
+	// Asked is the total number of tokens ever asked for on the key,
+	// denied ones included. It only grows.
+	Asked    int64
+	Created  time.Time // the key's first decision
+	LastSeen time.Time // its latest decision
+}
+
+// Kind says what an Out asks the caller to do.
+type Kind uint8
+
+const (
+	// Ask: send a lease ask for Key (global.LeaseAsk) with Gen, Want, TTL,
+	// Running, RunningFor and Drain, and hand the answer to Answer.
+	Ask Kind = iota + 1
+	// Release: send a release of Key's record with Gen; nothing waits on
+	// the answer.
+	Release
+	// Mark: decide Key exactly from now on, under mark Gen (the local
+	// limiter's SetMark).
+	Mark
+	// Assign: put the grant Rate, Burst in force on Key until Until, and
+	// add Give tokens to its bucket (moved from the pool); when Until
+	// passes, the key decides exactly under mark Gen.
+	Assign
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Ask:
+		return "ask"
+	case Release:
+		return "release"
+	case Mark:
+		return "mark"
+	case Assign:
+		return "assign"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Out is one thing the caller must do for a key.
+type Out struct {
+	Kind Kind
+	Key  string
+	Gen  uint8
+	// Ask only.
+	Want       float64
+	TTL        time.Duration
+	Running    float64
+	RunningFor time.Duration
+	Drain      bool
+	// Assign only.
+	Rate  float64
+	Burst int
+	Until time.Time
+	Give  int
+}
+
+// Grant is Redis's answer to an Ask, as global.LeaseGrant has it.
+type Grant struct {
+	Granted, Fair          float64
+	Contended, Lost, Stale bool
+	In                     time.Duration // the lease's lifetime from when Redis ran the ask
+	Drained                int
+}
+
+// Gauges sum up a limit's leases at a tick.
+type Gauges struct {
+	Leased    float64 // tokens per second held by grants in force
+	Contended int     // keys with a contended grant in force
+	Expired   int     // grants that ran out since the last tick
+}
+
+// NextGen returns the generation after g: generations run from 1 to 255
+// and wrap, skipping 0, which marks no key.
+func NextGen(g uint8) uint8 {
+	g++
+	if g == 0 {
+		g = 1
+	}
+	return g
+}
+
+// FirstGen is the generation, and so the mark, of a key's first decisions.
+const FirstGen uint8 = 1
+
+// key is the state of one key that left its first exact placement.
+type key struct {
+	state State
+	gen   uint8 // of the state: an exact key's mark, an ask's or a lease's generation
+	// demand is the key's measured demand here, tokens per second: a
+	// count of its tokens decayed over ContendedTTL (see observe).
+	demand    float64
+	asked     int64   // Stats.Asked when demand was last updated
+	seenAt    instant // when demand was last updated
+	granted   float64 // the grant in force (Leased)
+	fair      float64 // this instance's fair share in the last answer; 0 before one
+	want      float64 // of the last ask
+	ttl       time.Duration
+	until     instant // Leased: when the grant ends here
+	renewAt   instant // Leased: when the next renewal is due; Exact: not before then may it ask
+	sentAt    instant // when the last ask went out
+	stable    uint8   // renewals in a row that moved the grant by at most SettledWithin
+	contended bool
+}
+
+// Policy is the placement policy of one Hybrid limit. It is not safe for
+// concurrent use: the lease loop owns it.
+type Policy struct {
+	cfg   Config
+	epoch time.Time // instants count from here
+	keys  map[string]*key
+	// degraded: Redis is taken to be unreachable; nothing is sent, and
+	// leases run out into the exact placement (where decisions follow the
+	// outage policy).
+	degraded bool
+}
+
+// New returns the policy of a limit.
+func New(cfg Config) *Policy {
+	return &Policy{cfg: cfg, keys: make(map[string]*key)}
+}
+
+// SetLimit changes the limit's rate and burst; every lease renews at now.
+func (p *Policy) SetLimit(now time.Time, rate float64, burst int) {
+	p.cfg.Rate, p.cfg.Burst = rate, burst
+	p.Resettle(now)
+}
+
+// SetDegraded says whether Redis is taken to be unreachable.
+func (p *Policy) SetDegraded(on bool) { p.degraded = on }
+
+// Resettle makes every lease renew at now, unsettled: the instance count
+// changed, and the fair shares with it.
+func (p *Policy) Resettle(now time.Time) {
+	t := p.instant(now)
+	for _, k := range p.keys {
+		if k.state == Leased {
+			k.renewAt, k.stable, k.ttl = t, 0, p.cfg.ContendedTTL
+		}
+	}
+}
+
+// Len returns the number of keys the policy tracks: those that left their
+// first exact placement, until they are forgotten.
+func (p *Policy) Len() int { return len(p.keys) }
+
+// State returns where key stands and its generation.
+func (p *Policy) State(key string) (State, uint8) {
+	if k := p.keys[key]; k != nil {
+		return k.state, k.gen
+	}
+	return Exact, FirstGen
+}

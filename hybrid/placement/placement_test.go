@@ -1,0 +1,347 @@
+package placement
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The tests are step tables: a key's statistics and Redis's answers are
+// handed to a Policy at t0 + k·tick, and what it returns is compared, as
+// text, with what it must return.
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+const tick = 50 * time.Millisecond
+
+func cfg(rate float64, burst int) Config {
+	return Config{Rate: rate, Burst: burst, Tick: tick, ContendedTTL: 600 * time.Millisecond, UncontendedTTL: 5 * time.Second}
+}
+
+// at is the instant k ticks after t0.
+func at(k int) time.Time { return t0.Add(time.Duration(k) * tick) }
+
+// harness drives one key of a Policy.
+type harness struct {
+	t       *testing.T
+	p       *Policy
+	n       int
+	created time.Time
+	asked   int64
+	seen    time.Time
+	sent    time.Time // of the last ask
+	last    *Out      // the last ask
+	g       Gauges
+}
+
+func newHarness(t *testing.T, c Config, n int) *harness {
+	return &harness{t: t, p: New(c), n: n, created: at(0), seen: at(0)}
+}
+
+// tick hands the key's statistics at tick k, after perTick more tokens
+// asked for since the last (seen at k when perTick > 0), and returns what
+// the policy says, as text.
+func (h *harness) tick(k int, perTick int64) string {
+	h.t.Helper()
+	if perTick > 0 {
+		h.asked += perTick
+		h.seen = at(k)
+	}
+	h.g = Gauges{}
+	st := Stats{Key: "k", Asked: h.asked, Created: h.created, LastSeen: h.seen}
+	out := h.p.Step(at(k), h.n, &st, nil, &h.g)
+	for i := range out {
+		if out[i].Kind == Ask {
+			h.sent, h.last = at(k), &out[i]
+		}
+	}
+	return show(out)
+}
+
+// answer hands the answer g to the last ask and returns what the policy
+// says.
+func (h *harness) answer(g Grant) string {
+	h.t.Helper()
+	if h.last == nil {
+		h.t.Fatal("no ask to answer")
+	}
+	o := h.last
+	h.last = nil
+	return show(h.p.Answer(h.sent, o, &g, nil))
+}
+
+// fail says the last ask got no answer.
+func (h *harness) fail() {
+	h.p.Failed(h.sent, h.last)
+	h.last = nil
+}
+
+func show(out []Out) string {
+	var b []string
+	for _, o := range out {
+		s := fmt.Sprintf("%v gen=%d", o.Kind, o.Gen)
+		switch o.Kind {
+		case Ask:
+			s += fmt.Sprintf(" want=%.4g ttl=%v", o.Want, o.TTL)
+			if o.Running > 0 {
+				s += fmt.Sprintf(" running=%.4g for=%v", o.Running, o.RunningFor)
+			}
+			if o.Drain {
+				s += " drain"
+			}
+		case Assign:
+			s += fmt.Sprintf(" rate=%.4g burst=%d until=+%v give=%d", o.Rate, o.Burst, o.Until.Sub(t0), o.Give)
+		}
+		b = append(b, s)
+	}
+	return strings.Join(b, "; ")
+}
+
+func expect(t *testing.T, step string, got, want string) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s:\n got: %s\nwant: %s", step, got, want)
+	}
+}
+
+// A key asked for at 1000/s (50 a tick) of a limit of 1000/s, burst 100,
+// over four instances: worth a lease from its first tick with enough
+// tokens; the grant goes into force with its part of the burst and the
+// tokens moved from the pool, and the renewals follow at half the
+// lifetime, saying what the key runs until it hears, with lifetimes that
+// grow once the grant has settled.
+func TestLeaseLifecycle(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	expect(t, "tick 1", h.tick(1, 50), "ask gen=2 want=1100 ttl=600ms drain")
+	expect(t, "answer", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond, Drained: 7}),
+		"assign gen=3 rate=250 burst=25 until=+590ms give=7")
+	for k := 2; k < 7; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
+	}
+	if h.g.Leased != 250 || h.g.Contended != 1 {
+		t.Errorf("gauges %+v, want 250 leased, 1 contended", h.g)
+	}
+	// Renewals at half the lifetime: 600 ms, then 2.4 s and 5 s once three
+	// answers in a row left the grant where it was.
+	expect(t, "tick 7", h.tick(7, 50), "ask gen=2 want=1100 ttl=600ms running=250 for=240ms")
+	expect(t, "renewal 1", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond}),
+		"assign gen=3 rate=250 burst=25 until=+890ms give=0")
+	h.tick(8, 50)
+	h.tick(9, 50)
+	h.tick(10, 50)
+	h.tick(11, 50)
+	h.tick(12, 50)
+	expect(t, "tick 13", h.tick(13, 50), "ask gen=2 want=1100 ttl=600ms running=250 for=240ms")
+	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
+	for k := 14; k < 19; k++ {
+		h.tick(k, 50)
+	}
+	expect(t, "tick 19", h.tick(19, 50), "ask gen=2 want=1100 ttl=2.4s running=250 for=240ms")
+	expect(t, "renewal 3", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 2400 * time.Millisecond}),
+		"assign gen=3 rate=250 burst=25 until=+3.11s give=0")
+	for k := 20; k < 43; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
+	}
+	expect(t, "tick 43", h.tick(43, 50), "ask gen=2 want=1100 ttl=5s running=250 for=960ms")
+}
+
+// Keys whose lease would split the burst too finely, or cost more
+// renewals than their exact decisions, never ask.
+func TestNotWorthALease(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		rate    float64
+		burst   int
+		n       int
+		perTick int64 // tokens asked per tick (50 ms)
+		every   int   // ... every this many ticks
+	}{
+		// Sprayed near its limit: 8/s burst 5 over four instances, 3/s
+		// here. A lease would hold 1.9 tokens of the burst.
+		{"sprayed", 8, 5, 4, 1, 7},
+		// Thin: 20/s burst 8, 4 instances, 2.8/s here: a lease would fill
+		// under 2 tokens per renewal.
+		{"thin", 20, 8, 4, 1, 7},
+		// A big burst but a trickle: 1/s.
+		{"trickle", 1000, 1000, 4, 1, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, cfg(tc.rate, tc.burst), tc.n)
+			for k := 1; k <= 200; k++ {
+				var a int64
+				if k%tc.every == 0 {
+					a = tc.perTick
+				}
+				if got := h.tick(k, a); got != "" {
+					t.Fatalf("tick %d: %s, want nothing", k, got)
+				}
+			}
+			if h.p.Len() != 0 {
+				t.Errorf("tracks %d keys, want 0", h.p.Len())
+			}
+		})
+	}
+}
+
+// A key far above its fair share is worth a lease whatever its part of the
+// burst: it is saturated, and a lease admits what the pool would. Zipf's
+// hottest keys are so: 10/s burst 10, 125/s here.
+func TestSaturatedKeyLeases(t *testing.T) {
+	h := newHarness(t, cfg(10, 10), 4)
+	got := ""
+	for k := 1; k <= 4 && got == ""; k++ {
+		got = h.tick(k, 6)
+	}
+	if !strings.HasPrefix(got, "ask gen=2") {
+		t.Fatalf("got %q, want an ask", got)
+	}
+	// Granted its fair share, 2.5/s and 2 tokens of burst: in force.
+	expect(t, "answer", h.answer(Grant{Granted: 2.5, Fair: 2.5, Contended: true, In: 600 * time.Millisecond}),
+		"assign gen=3 rate=2.5 burst=2 until=+640ms give=0")
+}
+
+// A grant without a whole token of burst, or a stale answer, sends the key
+// back to exact decisions under a new generation, whose takes replace the
+// record the ask left; it asks again only a renewal period after.
+func TestUnusableGrant(t *testing.T) {
+	for _, g := range []Grant{
+		{Granted: 0, Fair: 250, Contended: true, In: 600 * time.Millisecond},
+		{Granted: 5, Fair: 250, Contended: true, In: 600 * time.Millisecond}, // 0.5 token of burst
+		{Stale: true},
+	} {
+		h := newHarness(t, cfg(1000, 100), 4)
+		expect(t, "tick 1", h.tick(1, 50), "ask gen=2 want=1100 ttl=600ms drain")
+		expect(t, "answer", h.answer(g), "mark gen=3")
+		for k := 2; k < 7; k++ {
+			expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
+		}
+		expect(t, "tick 7", h.tick(7, 50), "ask gen=4 want=1100 ttl=600ms drain")
+	}
+}
+
+// A renewal that gets no answer keeps the grant until it ends here, asking
+// again at every tick; then the key is exact under the mark its grant's end
+// gave it, with nothing to release (its record ends by itself).
+func TestLapse(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	h.tick(1, 50)
+	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
+	for k := 2; k < 7; k++ {
+		h.tick(k, 50)
+	}
+	// The grant ends here at 590 ms, 0.9 of its lifetime.
+	for k := 7; k < 12; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), fmt.Sprintf("ask gen=2 want=1100 ttl=600ms running=250 for=%v", at(12).Add(-10*time.Millisecond).Sub(at(k))))
+		h.fail()
+	}
+	expect(t, "tick 12", h.tick(12, 50), "mark gen=3")
+	if h.g.Expired != 1 {
+		t.Errorf("%d expired, want 1", h.g.Expired)
+	}
+	if st, gen := h.p.State("k"); st != Exact || gen != 3 {
+		t.Errorf("state %v gen %d, want exact 3", st, gen)
+	}
+}
+
+// A leased key without decisions for half the uncontended lifetime goes
+// exact and then releases its record: it never runs a grant Redis has let
+// go. (Uncontended: a contended one renews early to free what it no longer
+// uses, see TestEarlyRenewal.)
+func TestIdleRelease(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	h.tick(1, 50)
+	h.answer(Grant{Granted: 1000, Fair: 1000, In: 5 * time.Second})
+	for k := 2; k < 51; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 0), "")
+	}
+	expect(t, "tick 51", h.tick(51, 0), "mark gen=3; release gen=3")
+}
+
+// A contended lease whose demand falls renews early, so that the others
+// can have what it no longer uses; one whose demand grows while it is held
+// below its fair share asks for more.
+func TestEarlyRenewal(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	h.tick(1, 50)
+	h.answer(Grant{Granted: 900, Fair: 900, Contended: true, In: 5 * time.Second})
+	got := ""
+	k := 2
+	for ; k < 40 && got == ""; k++ {
+		got = h.tick(k, 10) // 200/s
+	}
+	if !strings.HasPrefix(got, "ask gen=2") || k > 15 {
+		t.Fatalf("tick %d: %q, want an early renewal within half a second", k-1, got)
+	}
+	h.answer(Grant{Granted: 240, Fair: 500, Contended: true, In: 5 * time.Second})
+	got = ""
+	for k2 := k; k2 < k+40 && got == ""; k2++ {
+		got = h.tick(k2, 25) // 500/s, above 1.25x what it holds
+	}
+	if !strings.HasPrefix(got, "ask gen=2") {
+		t.Fatalf("%q, want an early renewal", got)
+	}
+}
+
+// While Redis is taken to be unreachable nothing is sent: a grant runs
+// out into the exact placement, and a key worth a lease does not ask.
+func TestDegraded(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	h.p.SetDegraded(true)
+	expect(t, "tick 1", h.tick(1, 50), "")
+	h.p.SetDegraded(false)
+	h.tick(2, 50)
+	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
+	h.p.SetDegraded(true)
+	for k := 3; k < 13; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
+	}
+	expect(t, "tick 13", h.tick(13, 50), "mark gen=3")
+}
+
+// Releases carry a generation newer than the record's, so that Redis
+// deletes it; the forgotten and the closed release theirs.
+func TestForgetAndReleaseAll(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	h.tick(1, 50)
+	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
+	expect(t, "forget", show(h.p.Forget("k", nil)), "release gen=3")
+	if h.p.Len() != 0 {
+		t.Fatal("forgotten key still tracked")
+	}
+	h = newHarness(t, cfg(1000, 100), 4)
+	h.tick(1, 50)
+	expect(t, "release all while asking", show(h.p.ReleaseAll(nil)), "mark gen=3; release gen=3")
+	// The answer to the ask from before lands after: ignored.
+	expect(t, "late answer", h.answer(Grant{Granted: 250, Fair: 250, In: time.Second}), "")
+}
+
+// Generations run 1 to 255 and wrap, never 0, which marks no key.
+func TestNextGen(t *testing.T) {
+	for _, tc := range []struct{ g, want uint8 }{{1, 2}, {254, 255}, {255, 1}} {
+		if got := NextGen(tc.g); got != tc.want {
+			t.Errorf("NextGen(%d) = %d, want %d", tc.g, got, tc.want)
+		}
+	}
+}
+
+// Demand follows traffic: a key's measured demand is its rate within a
+// lifetime or two of a change, both ways.
+func TestDemandFollowsTraffic(t *testing.T) {
+	k := &key{}
+	tau := 600 * time.Millisecond
+	var asked int64
+	for i := 1; i <= 60; i++ { // 3 s at 400/s
+		asked += 20
+		k.observe(instant(time.Duration(i)*tick), asked, tau)
+	}
+	if k.demand < 380 || k.demand > 420 {
+		t.Errorf("demand %.1f after 3 s at 400/s, want about 400", k.demand)
+	}
+	for i := 61; i <= 84; i++ { // 1.2 s at 0
+		k.observe(instant(time.Duration(i)*tick), asked, tau)
+	}
+	if k.demand > 400*0.15 {
+		t.Errorf("demand %.1f 1.2 s after traffic stopped, want below 60", k.demand)
+	}
+}

@@ -1,0 +1,253 @@
+package placement
+
+import (
+	"math"
+	"time"
+)
+
+// instant is a time as nanoseconds since the policy's epoch, the first time
+// it was handed: 8 bytes where a time.Time takes 24, for every key.
+type instant int64
+
+func (p *Policy) instant(t time.Time) instant {
+	if p.epoch.IsZero() {
+		p.epoch = t
+	}
+	return instant(t.Sub(p.epoch))
+}
+
+func (p *Policy) time(a instant) time.Time { return p.epoch.Add(time.Duration(a)) }
+
+func (a instant) add(d time.Duration) instant { return a + instant(d) }
+
+func (a instant) sub(b instant) time.Duration { return time.Duration(a - b) }
+
+// Step looks at one key at a tick at now, n being N-hat (the largest
+// instance count seen lately), and appends to out what the caller must do
+// for it. g, if not nil, gathers the gauges.
+func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []Out {
+	t := p.instant(now)
+	k := p.keys[st.Key]
+	if k == nil {
+		// A key in its first exact placement: nothing to remember until
+		// it is worth a lease. Its demand is its life's.
+		d := lifeDemand(t, p.instant(st.Created), st.Asked, p.cfg.Tick)
+		if p.degraded || st.Asked < MinTokens || !p.worth(d, p.cfg.Rate/float64(max(n, 1)), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
+			return out
+		}
+		k = &key{state: Exact, gen: FirstGen, demand: d, asked: st.Asked, seenAt: t}
+		p.keys[st.Key] = k
+	} else {
+		k.observe(t, st.Asked, p.cfg.ContendedTTL)
+	}
+	if k.state == Leased && t >= k.until {
+		// The grant ran out before a renewal was answered: the local
+		// limiter has marked the key already (Assign's Gen).
+		out = p.toExact(k, st.Key, out)
+		if g != nil {
+			g.Expired++
+		}
+	}
+	idle := now.Sub(st.LastSeen) >= p.cfg.UncontendedTTL/RenewDivisor
+	switch k.state {
+	case Exact:
+		if !p.degraded && !idle && t >= k.renewAt && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
+			k.state, k.gen, k.stable, k.ttl = Asking, NextGen(k.gen), 0, p.cfg.ContendedTTL
+			out = append(out, p.ask(t, st.Key, k, true))
+		}
+	case Asking:
+		// The last ask got no answer (Answer or Failed would have moved
+		// it): ask again, or give up if the key is no longer worth it.
+		switch {
+		case p.degraded:
+		case idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
+			out = p.toExact(k, st.Key, out)
+		default:
+			out = append(out, p.ask(t, st.Key, k, true))
+		}
+	case Leased:
+		if g != nil {
+			g.Leased += k.granted
+			if k.contended {
+				g.Contended++
+			}
+		}
+		switch {
+		case idle || !p.worth(k.demand, p.fairOf(k, n), k.ttl, LeaveBurst, LeaveRenewal):
+			// Exact first, then the release: the key runs nothing
+			// locally by the time its record goes.
+			out = p.toExact(k, st.Key, out)
+			if !p.degraded {
+				out = append(out, Out{Kind: Release, Key: st.Key, Gen: k.gen})
+			}
+		case !p.degraded && (t >= k.renewAt || p.early(t, k)):
+			out = append(out, p.ask(t, st.Key, k, false))
+		}
+	}
+	return out
+}
+
+// worth reports whether a lease is worth having for a key whose demand here
+// is d and whose fair share is fair, for leases of lifetime ttl: the part
+// of the burst the lease would hold at the larger of its demand and its
+// fair share is at least burstAt tokens (a key that wants more than its
+// share is saturated, and a lease admits as well as the pool would), and
+// the demand fills at least renewalAt tokens per renewal period.
+func (p *Policy) worth(d, fair float64, ttl time.Duration, burstAt, renewalAt float64) bool {
+	b := float64(p.cfg.Burst) * math.Min(math.Max(d, fair), p.cfg.Rate) / p.cfg.Rate
+	perRenewal := d * (ttl / RenewDivisor).Seconds()
+	return b >= burstAt && perRenewal >= renewalAt
+}
+
+// fairOf is the key's fair share as Redis last said, or rate/n before it
+// has.
+func (p *Policy) fairOf(k *key, n int) float64 {
+	if k.fair > 0 {
+		return k.fair
+	}
+	return p.cfg.Rate / float64(max(n, 1))
+}
+
+// early reports whether a leased key's demand moved enough since its last
+// ask to renew before its time (see Shrink, Grow).
+func (p *Policy) early(t instant, k *key) bool {
+	if t.sub(k.sentAt) < EarlyTicks*p.cfg.Tick {
+		return false
+	}
+	w := p.want(k.demand)
+	if !k.contended {
+		// What it holds above its want is surplus nobody asked for:
+		// nothing to free.
+		return w > k.granted
+	}
+	return w < k.granted*Shrink || (k.granted < k.fair*BelowFair && w > k.granted*Grow)
+}
+
+// want is what a key of demand d asks for.
+func (p *Policy) want(d float64) float64 {
+	return math.Max(d*Headroom, p.cfg.Rate*MinWantFraction)
+}
+
+// ask is the ask of key k at t: for a lease from the exact placement
+// (drain: the lease takes its part of the pool's tokens), or a renewal,
+// which says what the key runs until it hears the answer.
+func (p *Policy) ask(t instant, name string, k *key, drain bool) Out {
+	k.want, k.sentAt = p.want(k.demand), t
+	o := Out{Kind: Ask, Key: name, Gen: k.gen, Want: k.want, TTL: k.ttl, Drain: drain}
+	if k.state == Leased && k.until > t {
+		o.Running, o.RunningFor = k.granted, k.until.sub(t)
+	}
+	return o
+}
+
+// toExact moves k to the exact placement under a new generation, so that
+// its takes replace whatever record an earlier one left in Redis. A key
+// that leaves a lease or a failed ask waits a renewal period before it
+// asks again.
+func (p *Policy) toExact(k *key, name string, out []Out) []Out {
+	if k.state != Exact {
+		// For a lease, the mark its Assign gave the grant's end.
+		k.gen = NextGen(k.gen)
+	}
+	k.state, k.granted, k.stable = Exact, 0, 0
+	k.renewAt = k.sentAt.add(p.cfg.ContendedTTL / RenewDivisor)
+	return append(out, Out{Kind: Mark, Key: name, Gen: k.gen})
+}
+
+// observe updates k's demand with the tokens asked for since it was last
+// updated: an exponentially weighted average of the rates between looks,
+// weighted by how long each lasted, over tau.
+func (k *key) observe(t instant, asked int64, tau time.Duration) {
+	dt := t.sub(k.seenAt)
+	if dt <= 0 {
+		return
+	}
+	rate := float64(max(0, asked-k.asked)) / dt.Seconds()
+	a := math.Exp(-float64(dt) / float64(tau))
+	k.demand = k.demand*a + rate*(1-a)
+	k.asked, k.seenAt = asked, t
+}
+
+// lifeDemand is the demand of a key first decided at created that asked
+// for asked tokens by t, measured over at least floor.
+func lifeDemand(t, created instant, asked int64, floor time.Duration) float64 {
+	span := max(t.sub(created), floor)
+	return float64(asked) / span.Seconds()
+}
+
+// Answer hands the policy Redis's answer g to the Ask o, sent at sent, and
+// appends what the caller must do.
+func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
+	k := p.keys[o.Key]
+	if k == nil || k.gen != o.Gen || k.state == Exact {
+		return out // the key moved on while the ask was out
+	}
+	s := p.instant(sent)
+	burst := math.Floor(float64(p.cfg.Burst)*g.Granted/p.cfg.Rate + 1e-9)
+	if g.Stale || burst < 1 || g.Granted <= 0 {
+		// No grant worth running: back to exact decisions, whose takes
+		// replace the record this ask left.
+		k.fair = g.Fair
+		return p.toExact(k, o.Key, out)
+	}
+	if k.state == Leased && math.Abs(g.Granted-k.granted) <= SettledWithin*k.granted {
+		k.stable = min(k.stable+1, math.MaxUint8)
+	} else {
+		k.stable = 0
+	}
+	k.state, k.granted, k.fair, k.contended = Leased, g.Granted, g.Fair, g.Contended
+	k.until = s.add(time.Duration(float64(g.In) * EndEarly))
+	k.renewAt = s.add(g.In / RenewDivisor)
+	k.ttl = p.nextTTL(k)
+	return append(out, Out{Kind: Assign, Key: o.Key, Gen: NextGen(k.gen), Rate: g.Granted, Burst: int(burst),
+		Until: p.time(k.until), Give: g.Drained})
+}
+
+// nextTTL is the lifetime the key's next renewal asks for: ContendedTTL
+// until the lease has settled, then growing SettledGrowth times a renewal
+// up to UncontendedTTL.
+func (p *Policy) nextTTL(k *key) time.Duration {
+	if k.stable < SettleAfter-1 {
+		return p.cfg.ContendedTTL
+	}
+	return min(p.cfg.UncontendedTTL, k.ttl*SettledGrowth)
+}
+
+// Failed tells the policy that the Ask o, sent at sent, got no answer: the
+// key keeps what it runs and asks again at the next tick.
+func (p *Policy) Failed(sent time.Time, o *Out) {
+	if k := p.keys[o.Key]; k != nil && k.gen == o.Gen && k.state == Leased {
+		k.renewAt = p.instant(sent) // due again at once
+	}
+}
+
+// Forget drops key, which the local limiter evicted (idle), appending the
+// release of its record if it held or asked for a lease.
+func (p *Policy) Forget(name string, out []Out) []Out {
+	k := p.keys[name]
+	if k == nil {
+		return out
+	}
+	delete(p.keys, name)
+	switch {
+	case p.degraded:
+	case k.state == Leased || k.state == Asking:
+		// The local limiter has forgotten the key: it runs nothing.
+		out = append(out, Out{Kind: Release, Key: name, Gen: NextGen(k.gen)})
+	}
+	return out
+}
+
+// ReleaseAll moves every key to the exact placement and appends the
+// releases of their records: the limit stops being Hybrid, or the Limiter
+// closes.
+func (p *Policy) ReleaseAll(out []Out) []Out {
+	for name, k := range p.keys {
+		switch k.state {
+		case Leased, Asking:
+			out = p.toExact(k, name, out)
+			out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
+		}
+	}
+	return out
+}

@@ -520,31 +520,103 @@ const stickyKeysPerSecond = 16
 //   - shift: one key, limit 300/s burst 45, demand 450/s, 85% of it on
 //     instance 0 until the middle of the measured time, then 85% on
 //     instance 2 (ShapeShift).
-func Scenarios(t Timing) []Scenario {
-	const n = 4
-	base := Scenario{
-		Instances: n, Rate: 1000, Burst: 100, Keys: 1, Demand: 2000,
-		Warmup: t.Warmup, Measure: t.Measure, Bucket: t.Bucket,
+func Scenarios(t Timing) []Scenario { return Variant{}.Scenarios(t) }
+
+// DefaultInstances is the number of instances of every scenario.
+const DefaultInstances = 4
+
+// Variant changes the defaults of every scenario, as a point of the
+// bench's sweep does. Its zero value changes nothing.
+type Variant struct {
+	// Instances is the number of instances; 0 means DefaultInstances. The
+	// scenarios keep their shape: skewed's heavy instance keeps its 90%
+	// and shift's its 85%, the rest spread evenly over the others;
+	// churn's leaving and joining instance is the last one.
+	Instances int
+	// RateFactor multiplies every key's rate, rounded to a whole number
+	// of at least 1, and the demand by the same ratio (the rounded rate
+	// over the default), so that every key is as far over or under its
+	// limit as by default: a slower or a faster key of the same shape. 0
+	// means 1.
+	RateFactor float64
+	// BurstFactor multiplies every key's burst, rounded to a whole number
+	// of at least 1; sticky's keys arrive with their burst at once. 0
+	// means 1.
+	BurstFactor float64
+}
+
+// String names v as the sweep's reports do: "n=16 rate×0.37 burst×0.6".
+func (v Variant) String() string {
+	return fmt.Sprintf("n=%d rate×%g burst×%g", v.instances(), v.rateFactor(), v.burstFactor())
+}
+
+func (v Variant) instances() int {
+	if v.Instances > 0 {
+		return v.Instances
 	}
-	balanced := base
-	balanced.Name = Balanced
+	return DefaultInstances
+}
 
-	skewed := base
-	skewed.Name = Skewed
-	skewed.Weights = []float64{0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3}
+func (v Variant) rateFactor() float64 {
+	if v.RateFactor > 0 {
+		return v.RateFactor
+	}
+	return 1
+}
 
-	keys := base
-	keys.Name = Keys
+func (v Variant) burstFactor() float64 {
+	if v.BurstFactor > 0 {
+		return v.BurstFactor
+	}
+	return 1
+}
+
+// limit returns the rate and burst of a limit of rate and burst by
+// default, with v's factors applied.
+func (v Variant) limit(rate float64, burst int) (float64, int) {
+	return max(1, math.Round(rate*v.rateFactor())), max(1, int(math.Round(float64(burst)*v.burstFactor())))
+}
+
+// heavy returns the weights of n instances of which instance i (at most
+// the last) takes share of the demand and the others the rest, evenly.
+func heavy(n, i int, share float64) []float64 {
+	w := make([]float64, n)
+	i = min(i, n-1)
+	if n == 1 {
+		w[0] = 1
+		return w
+	}
+	for j := range w {
+		w[j] = (1 - share) / float64(n-1)
+	}
+	w[i] = share
+	return w
+}
+
+// Scenarios returns the bench's scenarios (see Scenarios) with timing t
+// and v's changes.
+func (v Variant) Scenarios(t Timing) []Scenario {
+	n := v.instances()
+	// oneKey returns a scenario of one key of rate and burst by default,
+	// with demand that many times the rate (the shapes drawn at random
+	// compute theirs).
+	oneKey := func(name string, rate float64, burst int, demand float64) Scenario {
+		s := Scenario{Name: name, Instances: n, Keys: 1, Warmup: t.Warmup, Measure: t.Measure, Bucket: t.Bucket}
+		s.Rate, s.Burst = v.limit(rate, burst)
+		s.Demand = demand * s.Rate
+		return s
+	}
+	balanced := oneKey(Balanced, 1000, 100, 2)
+
+	skewed := oneKey(Skewed, 1000, 100, 2)
+	skewed.Weights = heavy(n, 0, 0.9)
+
+	keys := oneKey(Keys, 10, 10, 300)
 	keys.Keys, keys.ZipfS = 10000, 1.1
-	keys.Rate, keys.Burst = 10, 10
-	keys.Demand = 3000
 
-	hot := base
-	hot.Name = Hotkey
-	hot.Demand = 10 * hot.Rate
+	hot := oneKey(Hotkey, 1000, 100, 10)
 
-	outage := base
-	outage.Name = Outage
+	outage := oneKey(Outage, 1000, 100, 2)
 	outage.Measure = t.OutageUp + t.Pause + t.Killed + t.Back
 	pause := t.Warmup + t.OutageUp
 	outage.Events = []Event{
@@ -553,42 +625,36 @@ func Scenarios(t Timing) []Scenario {
 		{At: pause + t.Pause + t.Killed, Kind: Restart},
 	}
 
-	churn := base
-	churn.Name = Churn
+	churn := oneKey(Churn, 1000, 100, 2)
 	churn.Events = []Event{
 		{At: t.Warmup + t.Measure/3, Kind: Leave, Slot: n - 1},
 		{At: t.Warmup + 2*t.Measure/3, Kind: Join, Slot: n - 1},
 	}
 
-	thin := base
-	thin.Name, thin.Shape = Thin, ShapeThin
-	thin.Keys, thin.Rate, thin.Burst = 1600, 20, 8
+	thin := oneKey(Thin, 20, 8, 0)
+	thin.Shape, thin.Keys = ShapeThin, 1600
 	thin.Demand = expectedDemand(thin)
 
-	sprayed := base
-	sprayed.Name, sprayed.Shape = Sprayed, ShapeSprayed
-	sprayed.Keys, sprayed.Rate, sprayed.Burst = 200, 8, 5
+	sprayed := oneKey(Sprayed, 8, 5, 0)
+	sprayed.Shape, sprayed.Keys = ShapeSprayed, 200
 	sprayed.Demand = expectedDemand(sprayed)
 
-	sticky := base
-	sticky.Name, sticky.Shape = Sticky, ShapeSticky
-	sticky.Rate, sticky.Burst = 25, 40
+	sticky := oneKey(Sticky, 25, 40, 0)
+	sticky.Shape = ShapeSticky
 	sticky.Keys = max(1, int(math.Round(stickyKeysPerSecond*sticky.End().Seconds())))
 	sticky.Period = 3 * t.Measure / 7
 	sticky.Demand = expectedDemand(sticky)
 
-	pulse := base
-	pulse.Name, pulse.Shape = Pulse, ShapePulse
-	pulse.Rate, pulse.Burst = 400, 80
+	pulse := oneKey(Pulse, 400, 80, 0)
+	pulse.Shape = ShapePulse
 	pulse.Period = 2 * t.Measure / 7
 	pulse.Spell = pulse.Period / 10
 	pulse.Demand = expectedDemand(pulse)
 
-	shift := base
-	shift.Name, shift.Shape = Shift, ShapeShift
-	shift.Rate, shift.Burst, shift.Demand = 300, 45, 450
-	shift.Weights = []float64{0.85, 0.05, 0.05, 0.05}
-	shift.Later = []float64{0.05, 0.05, 0.85, 0.05}
+	shift := oneKey(Shift, 300, 45, 1.5)
+	shift.Shape = ShapeShift
+	shift.Weights = heavy(n, 0, 0.85)
+	shift.Later = heavy(n, 2, 0.85)
 	shift.ShiftAt = t.Warmup + t.Measure/2
 
 	return []Scenario{balanced, skewed, keys, hot, outage, churn, thin, sprayed, sticky, pulse, shift}

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -253,10 +254,11 @@ func TestReferencePeak(t *testing.T) {
 }
 
 // TestDemandIsTheMean checks that Demand is the mean arrival rate of the
-// shapes drawn at random, over many seeds.
+// shapes drawn at random, over many seeds, by default and in a variant.
 func TestDemandIsTheMean(t *testing.T) {
 	const seeds = 20
-	for _, sc := range Scenarios(DefaultTiming()) {
+	variant := Variant{Instances: 16, RateFactor: 0.37, BurstFactor: 1.4}.Scenarios(DefaultTiming())
+	for _, sc := range append(Scenarios(DefaultTiming()), variant...) {
 		if sc.Shape == ShapeSteady || sc.Shape == ShapeShift {
 			continue
 		}
@@ -268,7 +270,7 @@ func TestDemandIsTheMean(t *testing.T) {
 		}
 		got := float64(total) / seeds / sc.End().Seconds()
 		if math.Abs(got/sc.Demand-1) > 0.03 {
-			t.Errorf("%s: %.0f arrivals per second over %d seeds, Demand says %.0f", sc.Name, got, seeds, sc.Demand)
+			t.Errorf("%s on %d instances: %.0f arrivals per second over %d seeds, Demand says %.0f", sc.Name, sc.Instances, got, seeds, sc.Demand)
 		}
 	}
 }
@@ -530,5 +532,83 @@ func TestShapeString(t *testing.T) {
 		if got := s.String(); got != want {
 			t.Errorf("%d: %q, want %q", int(s), got, want)
 		}
+	}
+}
+
+// TestVariant checks that a variant keeps each scenario's shape: the
+// limits scaled and rounded, the demand scaled with the rate, the skew on
+// one instance, churn's last instance leaving, and the default variant
+// the same as Scenarios.
+func TestVariant(t *testing.T) {
+	timing := QuickTiming()
+	if got, want := (Variant{}).Scenarios(timing), Scenarios(timing); !reflect.DeepEqual(got, want) {
+		t.Errorf("the zero Variant changes the scenarios")
+	}
+	base := map[string]Scenario{}
+	for _, s := range Scenarios(timing) {
+		base[s.Name] = s
+	}
+	for _, v := range []Variant{
+		{Instances: 3, RateFactor: 0.37, BurstFactor: 0.6},
+		{Instances: 16, RateFactor: 2.1, BurstFactor: 1.4},
+		{Instances: 6, RateFactor: 0.37, BurstFactor: 1.4},
+	} {
+		for _, s := range v.Scenarios(timing) {
+			b := base[s.Name]
+			name := s.Name + " " + v.String()
+			if s.Instances != v.Instances {
+				t.Errorf("%s: %d instances", name, s.Instances)
+			}
+			if want := math.Max(1, math.Round(b.Rate*v.RateFactor)); s.Rate != want {
+				t.Errorf("%s: rate %g, want %g", name, s.Rate, want)
+			}
+			if want := max(1, int(math.Round(float64(b.Burst)*v.BurstFactor))); s.Burst != want {
+				t.Errorf("%s: burst %d, want %d", name, s.Burst, want)
+			}
+			// Steady demand follows the rate; the shapes drawn at
+			// random follow their own parameters (sticky's burst, pulse's
+			// instances), which TestDemandIsTheMean checks.
+			if s.Shape == ShapeSteady || s.Shape == ShapeShift {
+				if got, want := s.Demand/s.Rate, b.Demand/b.Rate; math.Abs(got-want) > 1e-9 {
+					t.Errorf("%s: demand %g times the rate, want %g", name, got, want)
+				}
+			}
+			for _, w := range [][]float64{s.Weights, s.Later} {
+				if w == nil {
+					continue
+				}
+				sum := 0.0
+				for _, x := range w {
+					sum += x
+				}
+				if len(w) != s.Instances || math.Abs(sum-1) > 1e-9 {
+					t.Errorf("%s: weights %v", name, w)
+				}
+			}
+			for _, e := range s.Events {
+				if (e.Kind == Leave || e.Kind == Join) && e.Slot != s.Instances-1 {
+					t.Errorf("%s: %v of slot %d, want the last, %d", name, e.Kind, e.Slot, s.Instances-1)
+				}
+			}
+			arr := s.Arrivals(1, false)
+			if len(arr) != s.Instances {
+				t.Fatalf("%s: %d schedules", name, len(arr))
+			}
+			if s.Name == Skewed {
+				total := 0
+				for _, a := range arr {
+					total += len(a)
+				}
+				if share := float64(len(arr[0])) / float64(total); share < 0.89 || share > 0.91 {
+					t.Errorf("%s: slot 0 has %.3f of the arrivals, want 0.9", name, share)
+				}
+			}
+		}
+	}
+	if got := (Variant{Instances: 16, RateFactor: 0.37, BurstFactor: 0.6}).String(); got != "n=16 rate×0.37 burst×0.6" {
+		t.Errorf("String() = %q", got)
+	}
+	if got := (Variant{}).String(); got != "n=4 rate×1 burst×1" {
+		t.Errorf("String() = %q", got)
 	}
 }

@@ -35,9 +35,6 @@ func (r *Report) writeResults(b *strings.Builder) {
 	if !r.Representative {
 		note = " | note"
 	}
-	if sem := r.burstSemantics(); len(sem) > 0 {
-		fmt.Fprintf(b, "Burst semantics: %s\n\n", strings.Join(sem, " "))
-	}
 	fmt.Fprintf(b, "| scenario | strategy | decisions | allowed / reference | Redis commands | per 1000 decisions | decisions/s (closed loop) | p50 | p99%s |\n", note)
 	sep := "|---|---|--:|--:|--:|--:|--:|--:|--:|"
 	if !r.Representative {
@@ -70,7 +67,7 @@ func (r *Report) writeResults(b *strings.Builder) {
 // behind its schedule, the note that says by how much.
 func resultRow(res Result) (row, behind string) {
 	dec := human(res.Decisions)
-	if res.Unprocessed > 0 || res.Late > res.Decisions/100 {
+	if res.Behind() {
 		dec += " †"
 		behind = fmt.Sprintf("%s / %s: %s of %s arrivals decided more than %s late, %s never decided "+
 			"(dropped when over %s late, or still owed at the end); lag p99 %s, max %s",
@@ -119,7 +116,7 @@ func (r *Report) writeMaxWindows(b *strings.Builder) {
 	}
 	b.WriteString("Most admitted in any 1 s window of the run (one-key scenarios), by the time each decision started, " +
 		"against the most the limit allows in one, rate·1 s + burst; ✗ marks more than that. " +
-		"Invariant 1 allows one default share (rate/N·1 s + burst/N) more per instance per membership change: " +
+		"Invariant 1 allows one lease's worth (a fair share, rate/N·1 s + burst/N) more per instance per membership change: " +
 		"the targets add it on churn, whose instance leaves and rejoins.\n\n")
 	b.WriteString("| " + strings.Join(head, " | ") + " |\n|---|" + strings.Repeat("--:|", len(head)-1) + "\n")
 	for _, row := range rows {

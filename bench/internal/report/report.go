@@ -88,6 +88,9 @@ type Result struct {
 	// MaxWindow is the most admitted in any 1 s window (one-key
 	// scenarios only; nil otherwise).
 	MaxWindow *Window `json:"max_admitted_1s,omitempty"`
+	// Point is the point of the sweep's grid the result was measured at;
+	// nil outside the sweep, where every scenario has its defaults.
+	Point *Point `json:"grid_point,omitempty"`
 
 	// The scenario.
 	Rate     float64 `json:"rate_per_key"`
@@ -163,8 +166,9 @@ type Window struct {
 	// Bound is rate·width + burst.
 	Bound float64 `json:"bound"`
 	// Allowance is what invariant 1 of the design allows above Bound for
-	// the run's membership changes; Finish computes it (see
-	// membershipAllowance). Zero when the membership never changes.
+	// the run's membership changes, one lease's worth per instance per
+	// change; Finish computes it (see membershipAllowance). Zero when the
+	// membership never changes.
 	Allowance float64 `json:"membership_allowance"`
 }
 
@@ -196,8 +200,9 @@ type ClosedLoop struct {
 	Errors          int64   `json:"errors"`
 }
 
-// Report is everything one run of the bench program measured.
-type Report struct {
+// Run is what a run of the bench program ran on and with, as its reports
+// (Report, Sweep) give it.
+type Run struct {
 	Redis          string    `json:"redis"`
 	RedisKind      string    `json:"redis_kind"`
 	Representative bool      `json:"representative"`
@@ -214,8 +219,13 @@ type Report struct {
 	// timed decision, included in its latency.
 	ClockNS int64 `json:"clock_overhead_ns"`
 	// Hybrid is the timing of the hybrid strategy's Limiters.
-	Hybrid    HybridConfig `json:"hybrid_config"`
-	Scenarios []Result     `json:"scenarios"`
+	Hybrid HybridConfig `json:"hybrid_config"`
+}
+
+// Report is everything one run of the bench program measured.
+type Report struct {
+	Run
+	Scenarios []Result `json:"scenarios"`
 	// Baselines are runs of a bare x/time/rate limiter per key under the
 	// same driver: what the machine and the driver cost a decision.
 	Baselines  []Result     `json:"latency_baselines,omitempty"`
@@ -254,41 +264,11 @@ func (r *Report) Find(scenario, strategy string) *Result {
 const (
 	Local  = "local"
 	Global = "global"
-	// Hybrid is a Hybrid limit with split bursts, the library's default
-	// (hybrid.Limit.ExactBursts false).
-	Hybrid = "hybrid"
-	// HybridExact is a Hybrid limit with exact bursts
-	// (hybrid.Limit.ExactBursts true), otherwise like Hybrid.
-	HybridExact = "hybrid-exact"
-	RedisRate   = "redis_rate"
+	// Hybrid is a limit in Hybrid mode (placement version 3: a key's
+	// first decisions on an instance are exact, busy keys are leased).
+	Hybrid    = "hybrid"
+	RedisRate = "redis_rate"
 )
-
-// semanticsText explains, one sentence each, the two burst semantics of a
-// Hybrid limit that the strategies Hybrid and HybridExact measure. The
-// reports show it wherever either ran.
-var semanticsText = [2]string{
-	"hybrid splits each key's burst over the instances (the default, hybrid.Limit.ExactBursts false): " +
-		"a key whose demand stays within its share on every instance costs no Redis at all, " +
-		"but a client's burst on a fresh key is cut at one instance's part of the burst until the others yield theirs.",
-	"hybrid-exact honours a client's burst wherever it lands (hybrid.Limit.ExactBursts true): " +
-		"the first decisions of a key on an instance are exact ones against the key's pool in Redis, " +
-		"so a burst of up to the limit's burst is admitted whole, at up to one script per decision on keys too thin to lease.",
-}
-
-// burstSemantics returns the sentences of semanticsText about the
-// strategies r has results of.
-func (r *Report) burstSemantics() []string {
-	var out []string
-	for i, st := range []string{Hybrid, HybridExact} {
-		for _, res := range r.Scenarios {
-			if res.Strategy == st {
-				out = append(out, semanticsText[i])
-				break
-			}
-		}
-	}
-	return out
-}
 
 // Finish fills the derived fields of every result: accuracy, commands per
 // decision, and the membership allowance of every 1 s window.
@@ -299,15 +279,25 @@ func (r *Report) Finish() {
 		res.Representative = r.Representative
 	}
 	for i := range r.Scenarios {
-		res := &r.Scenarios[i]
-		res.Accuracy = sanity(ratio(float64(res.Allowed), float64(res.ReferenceAllowed)))
-		res.CommandsPerDecision = sanity(ratio(float64(res.RedisCommands), float64(res.Decisions)))
-		res.Representative = r.Representative
-		if res.MaxWindow != nil {
-			res.MaxWindow.Allowance = membershipAllowance(res)
-		}
+		r.Scenarios[i].finish(r.Representative)
 	}
 }
+
+// finish fills res's derived fields: accuracy, commands per decision and
+// the membership allowance of its 1 s window.
+func (res *Result) finish(representative bool) {
+	res.Accuracy = sanity(ratio(float64(res.Allowed), float64(res.ReferenceAllowed)))
+	res.CommandsPerDecision = sanity(ratio(float64(res.RedisCommands), float64(res.Decisions)))
+	res.Representative = representative
+	if res.MaxWindow != nil {
+		res.MaxWindow.Allowance = membershipAllowance(res)
+	}
+}
+
+// Behind reports whether res fell behind its open-loop schedule: some
+// arrivals never decided, or more than one in a hundred decided late.
+// Reports mark such a result with a dagger.
+func (res *Result) Behind() bool { return res.Unprocessed > 0 || res.Late > res.Decisions/100 }
 
 func ratio(a, b float64) float64 {
 	if b == 0 {

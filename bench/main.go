@@ -1,15 +1,13 @@
 // Command bench measures, side by side in one run, what hybridlimit saves
 // and what it costs: Redis commands per decision, accuracy against an exact
-// limiter, decision latency and decisions per second, for five strategies
+// limiter, decision latency and decisions per second, for four strategies
 // fed identical arrivals:
 //
 //   - local: hybridlimit in Local mode, rate/N per instance, no Redis;
 //   - global: hybridlimit in Global mode, one token-bucket script per
 //     decision (the classic design);
-//   - hybrid: hybridlimit in Hybrid mode with split bursts (the default);
-//   - hybrid-exact: hybridlimit in Hybrid mode with exact bursts
-//     (hybrid.Limit.ExactBursts), run on keys, thin and sticky unless
-//     -strategies names it;
+//   - hybrid: hybridlimit in Hybrid mode (placement version 3: a key's
+//     first decisions on an instance are exact, busy keys are leased);
 //   - redis_rate: github.com/go-redis/redis_rate, one GCRA script per
 //     decision (what a Go user picks today); it fails open on errors.
 //
@@ -20,9 +18,15 @@
 // second. On every one-key scenario the report also gives the most each
 // strategy admitted in any 1 s window, against rate·1s + burst.
 //
+// With -sweep it runs every scenario instead at every point of a grid of
+// instance counts, rates and bursts (see sweep.go), with hybrid, global and
+// local, and reports each strategy's worst accuracy and most Redis
+// commands per decision over the grid.
+//
 // Usage:
 //
 //	go run ./bench [-quick] [-json FILE] [-html FILE] [-redis ADDR | -embedded]
+//	go run ./bench -sweep [-quick] [-json FILE] [-redis ADDR | -embedded]
 //
 // By default the bench starts its own redis-server (from PATH) on a free
 // port of 127.0.0.1; it exits with status 2 if there is none. -embedded runs
@@ -71,14 +75,14 @@ const (
 
 type options struct {
 	quick, embedded, poisson bool
-	redis, json, html        string
-	scale                    float64
-	seed                     uint64
-	workers                  int
-	scenarios, strategies    []string
-	// exactEverywhere is set when -strategies names hybrid-exact: it then
-	// runs on every selected scenario, not only on exactScenarios.
-	exactEverywhere bool
+	// sweep runs the scenarios over the sweep's grid instead of the
+	// default run.
+	sweep                 bool
+	redis, json, html     string
+	scale                 float64
+	seed                  uint64
+	workers               int
+	scenarios, strategies []string
 	// Hybrid timings; zero means the library's default.
 	tick, contendedTTL, uncontendedTTL, redisTimeout time.Duration
 }
@@ -106,6 +110,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "short runs: the whole bench in about a minute on 2 cores")
+	fs.BoolVar(&o.sweep, "sweep", false, "run every scenario over a grid of instance counts, rates and bursts, with hybrid, global and local (about 15 minutes on 2 cores with -quick)")
 	fs.BoolVar(&o.embedded, "embedded", false, "run against an in-process Redis (miniredis); figures are not representative")
 	fs.StringVar(&o.redis, "redis", "", "`ADDR` of an existing Redis to use instead of starting one (never flushed; the outage scenario is skipped)")
 	fs.StringVar(&o.json, "json", "", "write the results as JSON to `FILE`")
@@ -119,7 +124,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.uncontendedTTL, "uncontended-ttl", 0, "hybrid Config.UncontendedTTL (0: the library default, 5s)")
 	fs.DurationVar(&o.redisTimeout, "redis-timeout", 0, "hybrid Config.RedisTimeout, also the bound of every redis_rate call (0: the library default, 150ms)")
 	scen := fs.String("scenarios", "", "comma-separated subset of scenarios to run (default all)")
-	strat := fs.String("strategies", "", "comma-separated subset of strategies to run (default all; hybrid-exact runs on keys, thin and sticky only, unless named here)")
+	strat := fs.String("strategies", "", "comma-separated subset of strategies to run (default all; with -sweep, hybrid, global and local)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -128,6 +133,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.embedded && o.redis != "" {
 		return o, errors.New("-embedded and -redis exclude each other")
+	}
+	if o.sweep && o.html != "" {
+		return o, errors.New("-html is not available with -sweep: its figures are tables (and -json)")
 	}
 	if !(o.scale > 0) || o.scale > 100 {
 		return o, fmt.Errorf("-scale %v: want a positive factor up to 100", o.scale)
@@ -153,16 +161,10 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if o.strategies, err = subset(*strat, strategies, "strategy"); err != nil {
 		return o, err
 	}
-	o.exactEverywhere = *strat != "" && slices.Contains(o.strategies, report.HybridExact)
+	if o.sweep && *strat == "" {
+		o.strategies = sweepStrategies
+	}
 	return o, nil
-}
-
-// skips reports whether the bench leaves out a selected strategy on a
-// selected scenario, or on the closed loop of the scenario's shape: every
-// strategy runs on every scenario, but hybrid-exact only on exactScenarios
-// unless -strategies names it.
-func (o options) skips(scenario, strategy string) bool {
-	return strategy == report.HybridExact && !o.exactEverywhere && !slices.Contains(exactScenarios, scenario)
 }
 
 // subset parses a comma-separated list of names from all; empty means all.
@@ -209,7 +211,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer b.close()
 
-	rep, err := bench(ctx, o, b, started, stderr)
+	var rep interface {
+		WriteMarkdown(io.Writer) error
+		WriteJSON(io.Writer) error
+	}
+	var writeHTML func(io.Writer) error
+	if o.sweep {
+		rep, err = sweep(ctx, o, b, started, stderr)
+	} else {
+		var r *report.Report
+		r, err = bench(ctx, o, b, started, stderr)
+		rep, writeHTML = r, r.WriteHTML
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return exitError
@@ -221,7 +234,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, out := range []struct {
 		path  string
 		write func(io.Writer) error
-	}{{o.json, rep.WriteJSON}, {o.html, rep.WriteHTML}} {
+	}{{o.json, rep.WriteJSON}, {o.html, writeHTML}} {
 		if out.path == "" {
 			continue
 		}
@@ -283,28 +296,14 @@ func (o *ownDir) close() {
 
 // bench runs every scenario with every strategy, then the closed loops.
 func bench(ctx context.Context, o options, b backend, started time.Time, stderr io.Writer) (*report.Report, error) {
-	timing := workload.DefaultTiming()
-	if o.quick {
-		timing = workload.QuickTiming()
-	}
-	timing = timing.Scale(o.scale)
-	rep, hc := newReport(ctx, o, b, started)
-	scenarios := pickScenarios(rep, o, b, timing)
+	timing := o.timing()
+	run, hc := newRun(ctx, o, b, started)
+	rep := &report.Report{Run: run}
+	scenarios, notes := pickScenarios(o, b, workload.Scenarios(timing))
+	rep.Notes = append(rep.Notes, notes...)
 	shapes := closedShapes(timing, o.seed)
 	baselines := latencyBaselines(scenarios)
-	runs := len(baselines)
-	for _, st := range o.strategies {
-		for _, sc := range scenarios {
-			if !o.skips(sc.Name, st) {
-				runs++
-			}
-		}
-		for _, sh := range shapes {
-			if !o.skips(sh.scenario, st) {
-				runs++
-			}
-		}
-	}
+	runs := len(baselines) + len(o.strategies)*(len(scenarios)+len(shapes))
 	p := newProgress(stderr, started, runs)
 	defer p.done()
 
@@ -327,14 +326,23 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 	return rep, nil
 }
 
-// newReport starts the report of a run with what it ran on and with, and
-// returns the hybrid Config the run uses too.
-func newReport(ctx context.Context, o options, b backend, started time.Time) (*report.Report, hybrid.Config) {
+// timing is the timing of o's runs: the default or the quick one, scaled.
+func (o options) timing() workload.Timing {
+	timing := workload.DefaultTiming()
+	if o.quick {
+		timing = workload.QuickTiming()
+	}
+	return timing.Scale(o.scale)
+}
+
+// newRun says what a run of the bench runs on and with, and returns the
+// hybrid Config the run uses too.
+func newRun(ctx context.Context, o options, b backend, started time.Time) (report.Run, hybrid.Config) {
 	arrivals := "evenly spaced"
 	if o.poisson {
 		arrivals = "Poisson"
 	}
-	rep := &report.Report{
+	run := report.Run{
 		Redis: b.describe(ctx), RedisKind: b.kind(), Representative: b.kind() != "embedded",
 		Quick: o.quick, Scale: o.scale, Arrivals: arrivals, Seed: o.seed,
 		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(),
@@ -342,26 +350,25 @@ func newReport(ctx context.Context, o options, b backend, started time.Time) (*r
 	}
 	hc := hybrid.DefaultConfig(nil, nil)
 	o.tune(&hc)
-	rep.Hybrid = report.HybridConfig{Tick: hc.Tick.String(), ContendedTTL: hc.ContendedTTL.String(),
+	run.Hybrid = report.HybridConfig{Tick: hc.Tick.String(), ContendedTTL: hc.ContendedTTL.String(),
 		UncontendedTTL: hc.UncontendedTTL.String(), RedisTimeout: hc.RedisTimeout.String(), IdleAfter: hc.IdleAfter.String()}
-	return rep, hc
+	return run, hc
 }
 
-// pickScenarios returns the scenarios of o that b can stage, and notes in
-// rep the others, so that a missing row is explained.
-func pickScenarios(rep *report.Report, o options, b backend, timing workload.Timing) []workload.Scenario {
-	var scenarios []workload.Scenario
-	for _, sc := range workload.Scenarios(timing) {
+// pickScenarios returns those of all that o selects and b can stage, and
+// notes on the others, so that a missing row is explained.
+func pickScenarios(o options, b backend, all []workload.Scenario) (scenarios []workload.Scenario, notes []string) {
+	for _, sc := range all {
 		if !slices.Contains(o.scenarios, sc.Name) {
 			continue
 		}
 		if _, _, outage := sc.Window(); outage && !b.outage() {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("scenario %s skipped: it pauses and kills Redis, which the bench does only to a Redis it started itself", sc.Name))
+			notes = append(notes, fmt.Sprintf("scenario %s skipped: it pauses and kills Redis, which the bench does only to a Redis it started itself", sc.Name))
 			continue
 		}
 		scenarios = append(scenarios, sc)
 	}
-	return scenarios
+	return scenarios, notes
 }
 
 // latencyBaselines returns those of scenarios that the bare baseline runs
@@ -386,8 +393,11 @@ type runner struct {
 	started time.Time
 	timeout time.Duration // of every redis_rate call, as of the hybrid Limiters' calls
 	p       *progress
-	sent    atomic.Int64 // commands sent by every client of every run
-	runs    int
+	// label ends every progress line of the runs to come: the sweep's
+	// grid point.
+	label string
+	sent  atomic.Int64 // commands sent by every client of every run
+	runs  int
 }
 
 // newSetup returns what the instances of the next run share. Every run has
@@ -417,10 +427,7 @@ func (r *runner) openLoops(scenarios []workload.Scenario) ([]report.Result, erro
 	for _, sc := range scenarios {
 		ol := newOpenLoop(sc, r.o.seed, r.o.poisson)
 		for _, st := range r.o.strategies {
-			if r.o.skips(sc.Name, st) {
-				continue
-			}
-			r.p.next(sc.Name + " / " + st)
+			r.p.next(sc.Name + " / " + st + r.label)
 			if err := r.reset(); err != nil {
 				return nil, err
 			}
@@ -458,9 +465,6 @@ func (r *runner) closedLoops(shapes []closedLoop) ([]report.ClosedLoop, error) {
 	var out []report.ClosedLoop
 	for _, sh := range shapes {
 		for _, st := range r.o.strategies {
-			if r.o.skips(sh.scenario, st) {
-				continue
-			}
 			r.p.next("closed loop, " + sh.shape + " / " + st)
 			if err := r.reset(); err != nil {
 				return nil, err
@@ -501,16 +505,19 @@ func addNotes(rep *report.Report, o options) {
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("Latencies are of every decision in the measured window and include two clock reads (about %d ns here).", rep.ClockNS),
 		fmt.Sprintf("decisions/s is a separate closed-loop run: %d goroutines per instance deciding back to back on one key (limit 1000/s) or on the keys scenario's Zipf keys.", o.workers),
-		"redis_rate admits a request when Redis cannot answer (fails open); local, global, hybrid and hybrid-exact use the FailLocal outage policy.",
-		"Accuracy, decisions and Redis commands cover the measured window, after a warm-up; the reference is one exact token bucket per key fed the merged arrivals of all instances.",
+		failLocalNote, windowNote,
 	)
-	if slices.Contains(o.strategies, report.HybridExact) && !o.exactEverywhere {
-		rep.Notes = append(rep.Notes, "hybrid-exact runs on keys, thin and sticky only (and the closed loop on the keys): name it in -strategies to run it on every scenario.")
-	}
 	if rep.RedisKind != "embedded" {
-		rep.Notes = append(rep.Notes, "Redis commands are counted by the server (INFO commandstats), without the bench's own INFO, FLUSHALL, CLIENT PAUSE, PING and HELLO, nor the commands scripts run (reported apart in the JSON).")
+		rep.Notes = append(rep.Notes, serverCountNote)
 	}
 }
+
+// Notes of the default run and of the sweep.
+const (
+	failLocalNote   = "redis_rate admits a request when Redis cannot answer (fails open); local, global and hybrid use the FailLocal outage policy."
+	windowNote      = "Accuracy, decisions and Redis commands cover the measured window, after a warm-up; the reference is one exact token bucket per key fed the merged arrivals of all instances."
+	serverCountNote = "Redis commands are counted by the server (INFO commandstats), without the bench's own INFO, FLUSHALL, CLIENT PAUSE, PING and HELLO, nor the commands scripts run (reported apart in the JSON)."
+)
 
 // Closed-loop shapes.
 const (

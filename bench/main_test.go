@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,28 +120,22 @@ func TestQuickestRun(t *testing.T) {
 		}
 		// Local and hybrid decide in process: they keep up with any
 		// schedule the bench sets, and must decide something.
-		if (r.Strategy == "local" || r.Strategy == "hybrid" || r.Strategy == "hybrid-exact") && *r.Decisions == 0 {
+		if (r.Strategy == "local" || r.Strategy == "hybrid") && *r.Decisions == 0 {
 			t.Errorf("%s: no decisions", name)
 		}
 	}
-	// Every strategy on every scenario, but hybrid-exact on keys, thin and
-	// sticky only.
+	// Every strategy on every scenario.
 	want := 0
 	for _, sc := range workload.Scenarios(workload.QuickTiming()) {
 		for _, st := range strategies {
-			exactOnly := st == "hybrid-exact" && sc.Name != "keys" && sc.Name != "thin" && sc.Name != "sticky"
-			switch {
-			case exactOnly && seen[sc.Name+" / "+st]:
-				t.Errorf("a result for %s / %s: hybrid-exact runs on keys, thin and sticky unless named", sc.Name, st)
-			case !exactOnly && !seen[sc.Name+" / "+st]:
+			if !seen[sc.Name+" / "+st] {
 				t.Errorf("no result for %s / %s", sc.Name, st)
-			case !exactOnly:
-				want++
 			}
+			want++
 		}
 	}
 	if len(rep.Scenarios) != want {
-		t.Errorf("%d results, want %d (one per scenario x strategy, hybrid-exact on 3 scenarios)", len(rep.Scenarios), want)
+		t.Errorf("%d results, want %d (one per scenario x strategy)", len(rep.Scenarios), want)
 	}
 	if len(rep.Targets) == 0 {
 		t.Error("no target checks")
@@ -148,7 +143,7 @@ func TestQuickestRun(t *testing.T) {
 
 	md := stdout.String()
 	for _, want := range []string{"| scenario | strategy | decisions |", "Targets:", "not representative", "| scenario | rate·1 s + burst |",
-		"Burst semantics: hybrid splits", "| sticky | hybrid-exact |"} {
+		"| sticky | hybrid |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
@@ -176,33 +171,101 @@ func TestQuickestRun(t *testing.T) {
 	}
 }
 
-// TestSkips checks which scenarios hybrid-exact runs on: keys, thin and
-// sticky by default, every selected one when -strategies names it.
-func TestSkips(t *testing.T) {
-	for _, tc := range []struct {
-		args     []string
-		scenario string
-		strategy string
-		skips    bool
-	}{
-		{nil, "keys", "hybrid-exact", false},
-		{nil, "thin", "hybrid-exact", false},
-		{nil, "sticky", "hybrid-exact", false},
-		{nil, "balanced", "hybrid-exact", true},
-		{nil, "churn", "hybrid-exact", true},
-		{nil, "balanced", "hybrid", false},
-		{[]string{"-scenarios", "balanced,keys"}, "balanced", "hybrid-exact", true},
-		{[]string{"-strategies", "global,hybrid-exact"}, "balanced", "hybrid-exact", false},
-		{[]string{"-strategies", "global,hybrid-exact"}, "churn", "hybrid-exact", false},
-		{[]string{"-strategies", "global,hybrid"}, "balanced", "global", false},
-	} {
-		o, err := parse(tc.args, io.Discard)
-		if err != nil {
-			t.Fatalf("%q: %v", tc.args, err)
+// TestSweep runs the sweep in its quickest form on the embedded Redis, on
+// two scenarios, so that it cannot rot: a result per scenario, strategy
+// and grid point, a row per scenario in each table of worst figures, and
+// the JSON.
+func TestSweep(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "sweep.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-embedded", "-quick", "-scale", "0.05", "-sweep", "-scenarios", "skewed,churn", "-json", jsonPath}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit status %d\nstderr:\n%s", code, stderr.String())
+	}
+	var sw struct {
+		Points  []struct{ Instances int } `json:"points"`
+		Results []struct {
+			Scenario  string `json:"scenario"`
+			Strategy  string `json:"strategy"`
+			Instances int    `json:"instances"`
+			Point     *struct {
+				Instances int    `json:"instances"`
+				Name      string `json:"name"`
+			} `json:"grid_point"`
+		} `json:"results"`
+		Extremes []struct {
+			Scenario string `json:"scenario"`
+			Strategy string `json:"strategy"`
+			Points   int    `json:"points"`
+		} `json:"extremes"`
+		Targets []struct {
+			Status string `json:"status"`
+		} `json:"targets"`
+	}
+	raw, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &sw); err != nil {
+		t.Fatalf("JSON: %v", err)
+	}
+	points := len(sweepInstances) * len(sweepRateFactors) * len(sweepBurstFactors)
+	if len(sw.Points) != points || len(grid()) != points {
+		t.Errorf("%d points, want %d, every combination of the axes", len(sw.Points), points)
+	}
+	seen := map[string]bool{}
+	for _, r := range sw.Results {
+		if r.Point == nil || r.Point.Instances != r.Instances {
+			t.Errorf("%s / %s: point %+v on %d instances", r.Scenario, r.Strategy, r.Point, r.Instances)
+			continue
 		}
-		if got := o.skips(tc.scenario, tc.strategy); got != tc.skips {
-			t.Errorf("%q: skips(%s, %s) = %v, want %v", tc.args, tc.scenario, tc.strategy, got, tc.skips)
+		seen[r.Scenario+" / "+r.Strategy+" / "+r.Point.Name] = true
+	}
+	for _, v := range grid() {
+		for _, sc := range []string{"skewed", "churn"} {
+			for _, st := range sweepStrategies {
+				if !seen[sc+" / "+st+" / "+v.String()] {
+					t.Errorf("no result for %s / %s at %s", sc, st, v)
+				}
+			}
 		}
+	}
+	if want := points * 2 * len(sweepStrategies); len(sw.Results) != want {
+		t.Errorf("%d results, want %d", len(sw.Results), want)
+	}
+	if len(sw.Extremes) != 2*len(sweepStrategies) || len(sw.Targets) != 3 {
+		t.Errorf("%d extremes and %d targets, want %d and 3", len(sw.Extremes), len(sw.Targets), 2*len(sweepStrategies))
+	}
+	md := stdout.String()
+	for _, want := range []string{"Worst accuracy", "Most Redis commands per 1000 decisions", "| scenario | hybrid | global | local |", "Targets:"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	// A row per scenario in each of the two tables of worst figures.
+	for _, sc := range []string{"skewed", "churn"} {
+		if n := regexp.MustCompile(`(?m)^\| `+sc+` \| \d`).FindAllString(md, -1); len(n) != 2 {
+			t.Errorf("%d rows of worst figures for %s, want 2:\n%s", len(n), sc, md)
+		}
+	}
+	if !strings.Contains(stderr.String(), "(n=16 rate×2.1 burst×1.4)") {
+		t.Errorf("the progress lines do not say the grid point:\n%s", stderr.String())
+	}
+}
+
+func TestSweepUsage(t *testing.T) {
+	o, err := parse([]string{"-sweep"}, io.Discard)
+	if err != nil || !slices.Equal(o.strategies, sweepStrategies) {
+		t.Errorf("-sweep: strategies %v, %v; want %v", o.strategies, err, sweepStrategies)
+	}
+	o, err = parse([]string{"-sweep", "-strategies", "hybrid,redis_rate"}, io.Discard)
+	if err != nil || !slices.Equal(o.strategies, []string{"hybrid", "redis_rate"}) {
+		t.Errorf("-sweep -strategies hybrid,redis_rate: %v, %v", o.strategies, err)
+	}
+	if _, err := parse([]string{"-sweep", "-html", "x.html"}, io.Discard); err == nil {
+		t.Error("-sweep with -html: no error")
 	}
 }
 

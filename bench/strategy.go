@@ -13,18 +13,12 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/hybridlimit/hybridlimit/bench/internal/report"
-	"github.com/hybridlimit/hybridlimit/bench/internal/workload"
 	"github.com/hybridlimit/hybridlimit/hybrid"
 	"github.com/hybridlimit/hybridlimit/membership"
 )
 
 // strategies are the limiters compared, in report order.
-var strategies = []string{report.Local, report.Global, report.Hybrid, report.HybridExact, report.RedisRate}
-
-// exactScenarios are the scenarios hybrid-exact runs on unless -strategies
-// names it: those where the two burst semantics of a Hybrid limit differ
-// most (issue 11: "run keys, thin and sticky with both semantics").
-var exactScenarios = []string{workload.Keys, workload.Thin, workload.Sticky}
+var strategies = []string{report.Local, report.Global, report.Hybrid, report.RedisRate}
 
 // bare is the latency baseline: no library at all, a map of
 // golang.org/x/time/rate limiters under a mutex per instance, each at
@@ -80,7 +74,6 @@ func (s *setup) client() *redis.Client {
 // newInstance starts one instance of the run's strategy, named by members.
 func (s *setup) newInstance(members *membership.Static) (instance, error) {
 	var mode hybrid.Mode
-	exactBursts := false
 	switch s.strategy {
 	case report.Local:
 		mode = hybrid.Local
@@ -88,8 +81,6 @@ func (s *setup) newInstance(members *membership.Static) (instance, error) {
 		mode = hybrid.Global
 	case report.Hybrid:
 		mode = hybrid.Hybrid
-	case report.HybridExact:
-		mode, exactBursts = hybrid.Hybrid, true
 	case report.RedisRate:
 		rdb := s.client()
 		return &redisRate{
@@ -105,7 +96,7 @@ func (s *setup) newInstance(members *membership.Static) (instance, error) {
 	if mode != hybrid.Local {
 		rdb = s.client()
 	}
-	lim := hybrid.Limit{Name: limitName, Rate: s.rate, Burst: s.burst, Mode: mode, OnOutage: hybrid.FailLocal, ExactBursts: exactBursts}
+	lim := hybrid.Limit{Name: limitName, Rate: s.rate, Burst: s.burst, Mode: mode, OnOutage: hybrid.FailLocal}
 	cfg := hybrid.DefaultConfig(nil, members, lim)
 	if rdb != nil {
 		cfg.Redis = rdb
@@ -124,8 +115,7 @@ func (s *setup) newInstance(members *membership.Static) (instance, error) {
 	return &hybridInstance{lim: l, rdb: rdb}, nil
 }
 
-// hybridInstance is a hybrid.Limiter in Local, Global or Hybrid mode (with
-// split or exact bursts).
+// hybridInstance is a hybrid.Limiter in Local, Global or Hybrid mode.
 type hybridInstance struct {
 	lim *hybrid.Limiter
 	rdb *redis.Client // nil in Local mode
@@ -203,8 +193,9 @@ type cluster struct {
 	mu      sync.Mutex // guards the fields below
 	members map[int]*membership.Static
 	names   int
-	// bus carries the instances' messages to each other (the asks to
-	// yield of Hybrid mode), as gossip would.
+	// bus is the instances' roster, as a gossip cluster would be: each
+	// counter sees the others' names, and a leave (membership.Static.Leave)
+	// lowers the others' counts at once.
 	bus *membership.Bus
 }
 

@@ -361,56 +361,6 @@ func (s *Store) runLeases(ctx context.Context, op string, reqs []LeaseRequest, a
 	return cmds, nil
 }
 
-// execPipeline executes pipe and returns an error only if it failed as a
-// whole: a context or connection error rather than an error reply to one of
-// its commands, which stays in that command.
-func execPipeline(ctx context.Context, pipe redis.Pipeliner) error {
-	cmds, err := pipe.Exec(ctx)
-	if err == nil {
-		return nil
-	}
-	// Exec returns the first failed command's error. On a Cluster a node
-	// that is down fails only the commands sent to it; but go-redis retries
-	// them after a backoff, and when our deadline ends that wait it sets the
-	// context's error on every command without one, answered or not. A
-	// failed dial on a single node is reported by Exec alone, with the
-	// commands left empty. So: a command with a value was answered (its
-	// context error is dropped), a reply error is an answer too, and the
-	// batch as a whole failed only when nothing was answered.
-	answered := 0
-	for _, cmd := range cmds {
-		e := cmd.Err()
-		switch {
-		case !cmdEmpty(cmd):
-			if isContextError(e) {
-				cmd.SetErr(nil)
-			}
-			answered++
-		case e == nil:
-			cmd.SetErr(err)
-		case isRedisError(e):
-			answered++
-		}
-	}
-	if answered > 0 {
-		return nil
-	}
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return ctxErr
-	}
-	return err
-}
-
-func isContextError(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
-}
-
-// cmdEmpty reports whether cmd got neither a value nor an error.
-func cmdEmpty(cmd redis.Cmder) bool {
-	c, ok := cmd.(*redis.Cmd)
-	return ok && c.Val() == nil
-}
-
 // parseLease reads the reply of lease.lua.
 func parseLease(cmd *redis.Cmd) (Lease, error) {
 	v, err := cmd.Result()

@@ -94,6 +94,17 @@ func (s *Store) LeaseKey(limit, key string) string {
 	return s.prefix + ":{" + limit + ":" + keyName(key) + "}"
 }
 
+// RecordKey returns the Redis key of the placement hash of (limit, key), in
+// which Store.AskLeases and Store.TakePool keep every instance's record of
+// the key and the key's pool: "<prefix>:v3:{<limit>:<key>}", with key named
+// as in LeaseKey. The "v3" keeps these records apart from those of
+// Store.Lease and Store.TakeExact, so that instances of either protocol
+// never read the other's. The braces are a Redis Cluster hash tag, the
+// same as LeaseKey's: all the keys of one (limit, key) live in one slot.
+func (s *Store) RecordKey(limit, key string) string {
+	return s.prefix + ":v3:{" + limit + ":" + keyName(key) + "}"
+}
+
 // keyName is key as it appears in Redis key names, see MaxKeyBytes.
 func keyName(key string) string {
 	if len(key) <= MaxKeyBytes && !strings.ContainsAny(key, "{}") && !strings.HasPrefix(key, "#") {
@@ -145,6 +156,56 @@ func replyStrings(v any, n int) ([]string, error) {
 		out[i] = s
 	}
 	return out, nil
+}
+
+// execPipeline executes pipe and returns an error only if it failed as a
+// whole: a context or connection error rather than an error reply to one of
+// its commands, which stays in that command.
+func execPipeline(ctx context.Context, pipe redis.Pipeliner) error {
+	cmds, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	// Exec returns the first failed command's error. On a Cluster a node
+	// that is down fails only the commands sent to it; but go-redis retries
+	// them after a backoff, and when our deadline ends that wait it sets the
+	// context's error on every command without one, answered or not. A
+	// failed dial on a single node is reported by Exec alone, with the
+	// commands left empty. So: a command with a value was answered (its
+	// context error is dropped), a reply error is an answer too, and the
+	// batch as a whole failed only when nothing was answered.
+	answered := 0
+	for _, cmd := range cmds {
+		e := cmd.Err()
+		switch {
+		case !cmdEmpty(cmd):
+			if isContextError(e) {
+				cmd.SetErr(nil)
+			}
+			answered++
+		case e == nil:
+			cmd.SetErr(err)
+		case isRedisError(e):
+			answered++
+		}
+	}
+	if answered > 0 {
+		return nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return err
+}
+
+func isContextError(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// cmdEmpty reports whether cmd got neither a value nor an error.
+func cmdEmpty(cmd redis.Cmder) bool {
+	c, ok := cmd.(*redis.Cmd)
+	return ok && c.Val() == nil
 }
 
 // isNoScript reports whether err is Redis's NOSCRIPT: the script cache was

@@ -1,0 +1,275 @@
+-- The placement hash of one (limit, key), version 3 (Store.RecordKey): the
+-- helpers of ask.lua and take.lua, which are run with this file prepended.
+--
+-- Fields:
+--   "i:<instance>"  the instance's record, one of
+--     "L gen granted want expiry_us claim claim_until_us"
+--                   a lease: the instance may admit granted tokens/s until
+--                   expiry_us, and said it runs claim tokens/s until
+--                   claim_until_us (what it runs until it hears the answer
+--                   of the ask that wrote the record). It holds the larger
+--                   of the two while each lasts (holds), and the same part
+--                   of the burst, burst * holds / rate. Its want counts as
+--                   demand while expiry_us is ahead;
+--     "X gen demand at_us asked expiry_us"
+--                   an exact user: it runs nothing locally and takes each
+--                   decision from the pool (take.lua), so it holds 0.
+--                   demand is in tokens/s at at_us, decayed over
+--                   demand_tau (decayed); it counts as the instance's want
+--                   in the lease grants, so that they leave the pool what
+--                   its users need. asked is the instance's cumulative
+--                   count of the tokens asked for on the key, as of its
+--                   latest take that wrote the record;
+--                   gen (1 to 255) is the instance's placement generation,
+--                   bumped at every change of placement; see newer;
+--   "p"             the pool, a token bucket "tokens last_us". A missing
+--                   pool is full;
+--   "lost"          "until_us": Redis lost records that instances may run
+--                   until then (ask.lua);
+--   "q"             "at_us instance": the latest turn handed out (take.lua).
+-- Records are live until they end (record_end), and deleted once they
+-- have; so are fields that cannot be read.
+--
+-- The pool is the part of the rate and burst that no lease holds: a
+-- fraction f = clamp(1 - H/rate, 0, 1) of both, H being what all the lease
+-- records hold; while lost, at most X/n, X being the number of exact users
+-- (pool_frac). Nobody without a record runs anything, so Redis counts every
+-- instance at what it may be running: the sum of what the lease records
+-- hold and of the pool's rate is at most the rate, and the same of the
+-- burst.
+--
+-- Redis runs this as Lua 5.1 and forbids globals: every name is local.
+
+-- demand_tau is the time constant, in microseconds, over which an exact
+-- user's demand forgets its past takes.
+local demand_tau = 1000000
+
+-- eps forgives the rounding errors of fractions of the rate.
+local eps = 1e-9
+
+-- num is s as a finite number, or nil: tonumber also reads "nan" and "inf".
+local function num(s)
+  local x = tonumber(s)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then return nil end
+  return x
+end
+
+-- gen_of is s as a generation, an integer from 1 to 255, or nil.
+local function gen_of(s)
+  local g = num(s)
+  if g == nil or g < 1 or g > 255 or g ~= math.floor(g) then return nil end
+  return g
+end
+
+-- newer reports whether generation a is newer than b, in serial number
+-- arithmetic modulo 256 (RFC 1982): a - b is 1 to 127 modulo 256. Lua's %
+-- is floored, so a negative difference wraps.
+local function newer(a, b)
+  local d = (a - b) % 256
+  return d >= 1 and d <= 127
+end
+
+-- decayed is demand d measured at at, decayed to now.
+local function decayed(d, at, now)
+  if now <= at then return d end
+  return d * math.exp(-(now - at) / demand_tau)
+end
+
+-- decode reads a record: {kind = 'L', gen, granted, want, expiry, claim,
+-- claim_until} or {kind = 'X', gen, demand, at, asked, expiry}; nil if it
+-- cannot be read.
+local function decode(v)
+  local f = {}
+  for w in string.gmatch(v, '%S+') do f[#f + 1] = w end
+  if f[1] == 'L' and #f == 7 then
+    local r = {kind = 'L', gen = gen_of(f[2]), granted = num(f[3]), want = num(f[4]),
+      expiry = num(f[5]), claim = num(f[6]), claim_until = num(f[7])}
+    if r.gen and r.granted and r.want and r.expiry and r.claim and r.claim_until
+      and r.granted >= 0 and r.want >= 0 and r.claim >= 0 then
+      return r
+    end
+  elseif f[1] == 'X' and #f == 6 then
+    local r = {kind = 'X', gen = gen_of(f[2]), demand = num(f[3]), at = num(f[4]),
+      asked = num(f[5]), expiry = num(f[6])}
+    if r.gen and r.demand and r.at and r.asked and r.expiry and r.demand >= 0 and r.asked >= 0 then
+      return r
+    end
+  end
+  return nil
+end
+
+-- encode writes record r for decode.
+local function encode(r)
+  if r.kind == 'L' then
+    return string.format('L %d %.17g %.17g %d %.17g %d',
+      r.gen, r.granted, r.want, r.expiry, r.claim, r.claim_until)
+  end
+  return string.format('X %d %.17g %d %.17g %d', r.gen, r.demand, r.at, r.asked, r.expiry)
+end
+
+-- holds is the rate the instance of record r may be running at now: for a
+-- lease its grant while the lease lives and its claim while that lasts,
+-- whichever is larger; 0 for an exact user.
+local function holds(r, now)
+  if r.kind ~= 'L' then return 0 end
+  local h = 0
+  if r.expiry > now then h = r.granted end
+  if r.claim_until > now and r.claim > h then h = r.claim end
+  return h
+end
+
+-- record_end is when record r ends: a lease when its grant and its claim
+-- both have, an exact user at its expiry.
+local function record_end(r)
+  if r.kind == 'L' then return math.max(r.expiry, r.claim_until) end
+  return r.expiry
+end
+
+-- read_hash sorts out the fields of the hash at server time now for
+-- instance inst. It returns a table of
+--   dead    the fields to delete: ended records, unreadable fields;
+--   own     this instance's live record, or nil;
+--   leases  the other instances' live lease records;
+--   exact   the other instances' live exact records;
+--   pool    {tokens, last} as stored, or nil if there is none;
+--   lost    until when Redis lost records, nil if it did not or that ended;
+--   q_at, q_by  the latest turn and whose it is, nil if none or it passed.
+local function read_hash(fields, inst, now)
+  local self = 'i:' .. inst
+  local h = {dead = {}, leases = {}, exact = {}}
+  for i = 1, #fields, 2 do
+    local id, v = fields[i], fields[i + 1]
+    local ok = true
+    if id == 'p' then
+      local a, b = string.match(v, '^(%S+) (%S+)$')
+      local tokens, last = num(a), num(b)
+      ok = tokens ~= nil and last ~= nil and tokens >= 0
+      if ok then h.pool = {tokens = tokens, last = last} end
+    elseif id == 'lost' then
+      local e = num(v)
+      ok = e ~= nil and e > now
+      if ok then h.lost = e end
+    elseif id == 'q' then
+      local a, by = string.match(v, '^(%S+) (.+)$')
+      local e = num(a)
+      ok = e ~= nil and e > now
+      if ok then h.q_at, h.q_by = e, by end
+    elseif string.sub(id, 1, 2) == 'i:' then
+      local r = decode(v)
+      ok = r ~= nil and record_end(r) > now
+      if not ok then
+        -- dead
+      elseif id == self then
+        h.own = r
+      elseif r.kind == 'L' then
+        h.leases[#h.leases + 1] = r
+      else
+        h.exact[#h.exact + 1] = r
+      end
+    else
+      ok = false
+    end
+    if not ok then h.dead[#h.dead + 1] = id end
+  end
+  return h
+end
+
+-- held_by_others is what the other instances' lease records of h hold at
+-- now.
+local function held_by_others(h, now)
+  local s = 0
+  for _, l in ipairs(h.leases) do s = s + holds(l, now) end
+  return s
+end
+
+-- pool_frac is the fraction of the rate and of the burst that the pool
+-- holds when the lease records hold held in all, users exact users are
+-- live, and lost is until when Redis lost records (nil: it did not). While
+-- lost, the pool holds at most what the exact users' default shares would,
+-- users/n: the instances that still run leases Redis forgot are not
+-- counted in held.
+local function pool_frac(held, rate, users, n, lost)
+  local f = math.max(0, math.min(1, 1 - held / rate))
+  if lost ~= nil then f = math.min(f, users / n) end
+  return f
+end
+
+-- pool_at is what pool p (nil: none, which is full) holds at now, refilled
+-- since it was stored at a fraction f of rate, up to that fraction of
+-- burst. The server clock may step back after a failover: the pool never
+-- refills negatively.
+local function pool_at(p, now, rate, burst, f)
+  local cap = burst * f
+  if p == nil then return cap end
+  return math.min(p.tokens + math.max(0, now - p.last) * rate * f / 1000000, cap)
+end
+
+-- water_fill is the max-min fair split of rate over wants, which it sorts:
+-- the smallest wants are served first. It returns the demand (the sum of
+-- the wants), the level every want that does not fit is capped at (nil
+-- when the demand does not exceed the rate: the key is uncontended) and
+-- what the wants leave of the rate (0 when contended).
+local function water_fill(wants, rate)
+  table.sort(wants)
+  local demand = 0
+  for i = 1, #wants do demand = demand + wants[i] end
+  if demand <= rate then return demand, nil, rate - demand end
+  local left = rate
+  for i = 1, #wants do
+    local share = left / (#wants - i + 1)
+    if wants[i] > share then return demand, share, 0 end
+    left = left - wants[i]
+  end
+  return demand, wants[#wants], 0 -- reached by rounding alone
+end
+
+-- hdel deletes the fields ids of key, in chunks: unpack is limited by the
+-- Lua stack.
+local function hdel(key, ids)
+  for i = 1, #ids, 1000 do
+    redis.call('HDEL', key, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
+-- expire_hash makes key live until last (us), the end of its latest record,
+-- "lost" or "q", and until its pool would be full again: tokens (nil: no
+-- pool, which is full) refill at the full rate to the full burst at the
+-- latest once lease_last, the end of the latest lease record and of
+-- "lost", has passed. A hash with nothing left to keep is deleted.
+local function expire_hash(key, now, last, lease_last, tokens, burst, rate)
+  if tokens ~= nil and tokens < burst then
+    last = math.max(last, math.max(now, lease_last) + math.ceil((burst - tokens) * 1000000 / rate))
+  end
+  if last > now then
+    -- Absolute and rounded up, so that the hash lives until last: a
+    -- relative PEXPIRE counts from Redis's clock in whole milliseconds,
+    -- rounded down. At most about two centuries ahead, so that the
+    -- milliseconds stay exact.
+    local at = math.ceil(math.min(last, now + 7e15) / 1000)
+    redis.call('PEXPIREAT', key, string.format('%d', at))
+  else
+    redis.call('DEL', key)
+  end
+end
+
+-- hash_ends is (last, lease_last) for expire_hash: the ends of the records
+-- of h other than this instance's, of mine (this instance's record as the
+-- script leaves it, nil: none), of "lost" (lost) and of "q".
+local function hash_ends(h, mine, lost, now)
+  local last, lease_last = now, now
+  for _, l in ipairs(h.leases) do
+    last = math.max(last, record_end(l))
+    lease_last = math.max(lease_last, record_end(l))
+  end
+  for _, x in ipairs(h.exact) do last = math.max(last, x.expiry) end
+  if mine ~= nil then
+    last = math.max(last, record_end(mine))
+    if mine.kind == 'L' then lease_last = math.max(lease_last, record_end(mine)) end
+  end
+  if lost ~= nil then
+    last = math.max(last, lost)
+    lease_last = math.max(lease_last, lost)
+  end
+  if h.q_at ~= nil then last = math.max(last, h.q_at) end
+  return last, lease_last
+end

@@ -1,0 +1,149 @@
+-- Take: decide one request of an instance that decides a key exactly,
+-- against the key's pool, on Redis server time. placement.lua, prepended,
+-- describes the hash.
+--
+-- KEYS[1]  the placement hash (Store.RecordKey)
+-- ARGV[1]  instance id (non-empty)
+-- ARGV[2]  gen (1 to 255): the placement the take was sent in
+-- ARGV[3]  rate, the limit's rate in tokens per second (> 0)
+-- ARGV[4]  burst, the limit's burst in tokens (>= 1)
+-- ARGV[5]  n, N-hat, the largest instance count seen lately (>= 1)
+-- ARGV[6]  ttl_us, how long the instance's exact record lives (>= 1)
+-- ARGV[7]  tokens to take (>= 0)
+-- ARGV[8]  asked, the instance's cumulative count of the tokens asked for
+--          on the key, this take's included (>= 0)
+--
+-- The instance's record, by its generation and the take's:
+--   a lease as new as the take or newer: the lease was asked for in the
+--     placement the take was sent in or a later one, and the instance may
+--     run it: it is kept and counted, and no exact record is written;
+--   an older lease: the instance stopped running it before it sent the
+--     take; it is replaced by an exact record, and its rate goes to the
+--     pool at once;
+--   an exact record newer than the take: left alone (a stale take);
+--   an exact record of the same generation: updated, its demand grown by
+--     what the instance asked for since (asked less the record's);
+--   none, or an older exact record: a new exact record, at the demand of
+--     this take's tokens.
+--
+-- Returns {allowed, tokens left, retry_us, pool_rate, pool_burst, turn_us}
+-- as strings, because Redis truncates Lua numbers to integers. retry_us is
+-- "-1" when the tokens can never be there at the pool's rate and burst as
+-- they are. A denial's retry_us, and an admission's turn_us when it left
+-- the pool less than one token, is the caller's turn (see turn); turn_us
+-- is "0" otherwise.
+
+local key, inst = KEYS[1], ARGV[1]
+local gen = gen_of(ARGV[2])
+local rate, burst, n, ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5]), num(ARGV[6])
+local take, asked = num(ARGV[7]), num(ARGV[8])
+if not (inst ~= nil and inst ~= '' and gen and rate and burst and n and ttl and take and asked
+  and rate > 0 and burst >= 1 and n >= 1 and ttl >= 1 and take >= 0 and asked >= 0) then
+  return redis.error_reply('ERR hybridlimit: invalid take arguments')
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local self = 'i:' .. inst
+
+local h = read_hash(redis.call('HGETALL', key), inst, now)
+hdel(key, h.dead)
+local own = h.own
+local keep = own ~= nil and own.kind == 'L' and not newer(gen, own.gen)
+local stale = own ~= nil and own.kind == 'X' and newer(own.gen, gen)
+
+-- The pool refills at the size the records gave it until now: with an
+-- older lease of the caller's, which is dropped from now on. While lost,
+-- the caller counts as an exact user whether it has an exact record yet
+-- or this take writes it; not when its lease is kept, which counts it.
+local others = held_by_others(h, now)
+local held_before, held_after = others, others
+if own ~= nil then held_before = held_before + holds(own, now) end
+if keep then held_after = held_after + holds(own, now) end
+local users = #h.exact
+if not keep then users = users + 1 end
+local f = pool_frac(held_after, rate, users, n, h.lost)
+local pool_rate, pool_burst = rate * f, burst * f
+local tokens = math.min(pool_at(h.pool, now, rate, burst, pool_frac(held_before, rate, users, n, h.lost)), pool_burst)
+
+-- The caller's record as the take leaves it, and its demand.
+local mine = own
+local demand = 0
+if keep then
+  -- counted at its lease
+elseif stale then
+  demand = decayed(own.demand, own.at, now)
+else
+  if own ~= nil and own.kind == 'X' and own.gen == gen then
+    demand = decayed(own.demand, own.at, now) + math.max(0, asked - own.asked) * 1000000 / demand_tau
+    asked = math.max(asked, own.asked)
+  else
+    demand = take * 1000000 / demand_tau
+  end
+  mine = {kind = 'X', gen = gen, demand = demand, at = now, asked = asked, expiry = now + ttl}
+end
+
+-- refill is the rate the turns are worked out at: the pool's, or for an
+-- exact caller up to its demand, at most its default share: the leases
+-- leave the pool that much from their next renewals. A caller the leases
+-- had left a trickle would be told to wait for it, seconds on a slow key,
+-- while they make room for it within a renewal. Turns are hints only: a
+-- caller that comes back early is denied again, and its demand grows.
+local refill = pool_rate
+if not keep then refill = math.max(pool_rate, math.min(rate / n, demand)) end
+
+-- turn returns how long until the caller's turn to ask again, wait being
+-- how long until the pool holds its size tokens. Callers that the pool
+-- cannot serve now are told to come back one after another, one take's
+-- refill apart, rather than all when the next tokens are there: each
+-- caches that until its turn, so that a key sprayed over the instances
+-- costs about one script per admission, not one per instance. Only the
+-- hint moves: the tokens go to whoever asks first. Turns reach at most
+-- n - 1 refills past wait (one per instance), and fewer than the pool's
+-- burst holds, so that the pool cannot fill up and lose tokens while
+-- every caller waits. Only the latest turn is kept ("q"): the caller that
+-- holds it keeps it if it asks again before it; any other caller is
+-- queued after it.
+local function turn(wait, size)
+  local step = math.ceil(size * 1000000 / refill)
+  local ahead = math.max(0, math.min(math.floor(n) - 1, math.floor(pool_burst / size + eps) - 1))
+  local at = now + wait
+  if h.q_at ~= nil and h.q_by == inst then
+    at = math.max(at, h.q_at)
+  elseif h.q_at ~= nil then
+    at = math.min(math.max(at, h.q_at + step), at + ahead * step)
+  end
+  h.q_at, h.q_by = at, inst
+  redis.call('HSET', key, 'q', string.format('%d %s', at, inst))
+  return at - now
+end
+
+local allowed, retry, turn_us = '0', 0, 0
+if take <= tokens + eps then
+  allowed = '1'
+  tokens = math.max(0, tokens - take)
+  if take > 0 and tokens + eps < 1 and pool_rate > 0 then
+    -- The caller emptied the pool: its next take, of one token as most
+    -- are, waits for its turn too.
+    turn_us = turn(math.ceil((1 - tokens) * 1000000 / refill), 1)
+  end
+elseif take > pool_burst + eps or not (pool_rate > 0) then
+  retry = -1
+else
+  retry = turn(math.ceil((take - tokens) * 1000000 / refill), take)
+end
+
+if mine ~= own then redis.call('HSET', key, self, encode(mine)) end
+redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))
+
+local last, lease_last = hash_ends(h, mine, h.lost, now)
+expire_hash(key, now, last, lease_last, tokens, burst, rate)
+
+return {
+  allowed,
+  string.format('%.17g', tokens),
+  string.format('%d', retry),
+  string.format('%.17g', pool_rate),
+  string.format('%.17g', pool_burst),
+  string.format('%d', turn_us),
+}

@@ -127,6 +127,11 @@ type Result struct {
 	// its requests be denied without asking again; 0 when it did not or
 	// that time has passed.
 	Hold time.Duration
+	// Attempted, for a marked key, is the total number of tokens ever
+	// asked for on it, this decision's included (KeyStats.Attempted): the
+	// caller that decides it elsewhere can tell what it asked for, held
+	// requests included. 0 for a key decided here.
+	Attempted int64
 }
 
 // Tally says which decisions of AllowNTallyInto a Limiter counts in its
@@ -354,13 +359,13 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 	}
 	e.last, e.seen = now, now
 	e.attempted += int64(n)
-	if e.mark != 0 {
+	if e.assigned && now >= e.until {
+		l.expire(e, now)
+	}
+	if e.mark != 0 && !e.assigned {
 		*r = l.marked(e, now)
 		sh.mu.Unlock()
 		return
-	}
-	if e.assigned && now >= e.until {
-		l.expire(e, now)
 	}
 	ok, tokens := e.b.allowN(now, n)
 	// The result is written once, field by field, from values in
@@ -386,7 +391,7 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 // marked is the result of a decision on the marked key e at offset now:
 // the caller decides it. Requires the shard's mu held.
 func (l *Limiter) marked(e *entry, now time.Duration) Result {
-	r := Result{Mark: e.mark, Flagged: e.flagged}
+	r := Result{Mark: e.mark, Flagged: e.flagged, Attempted: e.attempted}
 	if now < e.until {
 		r.Hold = e.until - now
 	}
@@ -507,6 +512,32 @@ func (l *Limiter) AssignNew(t time.Time, key string, s Share, until time.Time) b
 	return true
 }
 
+// Lease puts s in force on key from t until until, and marks the key with
+// next once until has passed: it is decided here, at s, only while the
+// share is in force, and by the caller after that (package hybrid's
+// leases, which end into the exact placement). A key that did not run an
+// assigned share in force until now starts with give tokens (moved to it
+// from elsewhere, up to s's burst), not with what its bucket held; one that
+// did keeps its tokens, up to the new burst. next must not be 0. It
+// reports false, and does nothing, if the key does not exist.
+func (l *Limiter) Lease(t time.Time, key string, s Share, until time.Time, next uint8, give int) bool {
+	s = fixShare(s)
+	return l.with(key, func(sh *shard, e *entry) {
+		now := sh.advance(e, t)
+		fresh := !e.assigned || now >= e.until
+		e.mark, e.assigned, e.lapsed = next, true, false
+		e.until = until.Sub(sh.base)
+		e.setShare(now, s)
+		if fresh {
+			e.b.tokens = min(float64(max(give, 0)), float64(e.b.burst))
+			e.b.last = now
+		}
+		if now >= e.until {
+			e.lapse(now, l.Default())
+		}
+	})
+}
+
 // fixShare makes s a share a key can run: no negative rate, and a burst of
 // at least 1 unless s admits nothing at all.
 func fixShare(s Share) Share {
@@ -600,8 +631,8 @@ func (l *Limiter) Give(t time.Time, key string, tokens int) bool {
 func (l *Limiter) SetHold(key string, mark uint8, until time.Time) bool {
 	ok := false
 	l.with(key, func(sh *shard, e *entry) {
-		if mark == 0 || e.mark != mark {
-			return
+		if mark == 0 || e.mark != mark || e.assigned {
+			return // a key that runs a lease (see Lease) holds nothing
 		}
 		ok = true
 		if d := until.Sub(sh.base); d > e.until {

@@ -74,9 +74,15 @@ if keep then
 elseif stale then
   demand = decayed(own.demand, own.at, now)
 else
-  if own ~= nil and own.kind == 'X' and own.gen == gen then
+  -- The instance's demand goes on across its placements: from its exact
+  -- record, with the tokens asked for since (the instance counts them per
+  -- key, whatever its generation); from the want of the lease it leaves,
+  -- which it measured; or from this take alone on a fresh key.
+  if own ~= nil and own.kind == 'X' then
     demand = decayed(own.demand, own.at, now) + math.max(0, asked - own.asked) * 1000000 / demand_tau
     asked = math.max(asked, own.asked)
+  elseif own ~= nil then
+    demand = own.want
   else
     demand = take * 1000000 / demand_tau
   end

@@ -129,9 +129,10 @@ func TestTakePoolGens(t *testing.T) {
 }
 
 // TestTakePoolDemand: an exact record starts at the demand of its take's
-// tokens; a take of the same generation adds what Asked grew by since (not
-// less than nothing, and a smaller Asked does not move it back); a newer
-// generation starts over.
+// tokens; a later take adds what Asked grew by since (not less than
+// nothing, and a smaller Asked does not move it back), in a newer
+// generation too (the instance counts Asked per key); a take that replaces
+// the instance's lease starts at that lease's want.
 func TestTakePoolDemand(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -159,8 +160,17 @@ func TestTakePoolDemand(t *testing.T) {
 	if !approx(r.demand, decayed(prev, r)) || r.asked != 51 {
 		t.Errorf("asked 51 -> 40 (reordered): %+v after %+v, want the demand decayed, asked kept at 51", r, prev)
 	}
-	if r := take(2, 3, 60); r.demand != 3 || r.asked != 60 || r.gen != 2 {
-		t.Errorf("a newer generation: %+v, want demand 3, asked 60", r)
+	prev, r = r, take(2, 3, 60)
+	if !approx(r.demand, decayed(prev, r)+9) || r.asked != 60 || r.gen != 2 {
+		t.Errorf("a newer generation, asked 51 -> 60: %+v after %+v, want 9 more than the decayed demand", r, prev)
+	}
+	g := make([]global.LeaseGrant, 1)
+	if err := store.AskLeases(context.Background(), []global.LeaseAsk{{Limit: "d", Key: "k", Instance: "a", Gen: 3, Want: 42,
+		Rate: 100, Burst: 100, Instances: 2, TTL: time.Minute}}, g); err != nil || g[0].Err != nil {
+		t.Fatal(err, g[0].Err)
+	}
+	if r := take(4, 1, 70); r.demand != 42 || r.asked != 70 || r.gen != 4 || r.lease {
+		t.Errorf("replacing a lease that wanted 42: %+v, want an exact record at demand 42, asked 70", r)
 	}
 }
 

@@ -21,10 +21,10 @@
 // is released: a key never decides locally without a grant that Redis
 // counts.
 //
-// Every state change bumps the key's generation (Gen), which each ask and
-// each exact take carries to Redis: a take from an older generation never
-// drops a newer lease, and an ask from an older generation never writes
-// over a newer record. An exact key's generation is also its mark in the
+// Every ask, and every return to the exact placement, bumps the key's
+// generation (Gen), which each ask and each exact take carries to Redis: a
+// take from an older generation never drops a newer lease, and an ask from
+// an older generation never writes over a newer record. An exact key's generation is also its mark in the
 // local limiter, so that a hold set under one generation ends with it.
 package placement
 

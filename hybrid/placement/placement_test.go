@@ -113,9 +113,9 @@ func expect(t *testing.T, step string, got, want string) {
 // grow once the grant has settled.
 func TestLeaseLifecycle(t *testing.T) {
 	h := newHarness(t, cfg(1000, 100), 4)
-	expect(t, "tick 1", h.tick(1, 50), "ask gen=2 want=1100 ttl=600ms drain")
+	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1100 ttl=600ms drain")
 	expect(t, "answer", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond, Drained: 7}),
-		"assign gen=3 rate=250 burst=25 until=+590ms give=7")
+		"assign gen=4 rate=250 burst=25 until=+590ms give=7")
 	for k := 2; k < 7; k++ {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
 	}
@@ -124,26 +124,26 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 	// Renewals at half the lifetime: 600 ms, then 2.4 s and 5 s once three
 	// answers in a row left the grant where it was.
-	expect(t, "tick 7", h.tick(7, 50), "ask gen=2 want=1100 ttl=600ms running=250 for=240ms")
+	expect(t, "tick 7", h.tick(7, 50), "ask gen=5 want=1100 ttl=600ms running=250 for=240ms")
 	expect(t, "renewal 1", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond}),
-		"assign gen=3 rate=250 burst=25 until=+890ms give=0")
+		"assign gen=6 rate=250 burst=25 until=+890ms give=0")
 	h.tick(8, 50)
 	h.tick(9, 50)
 	h.tick(10, 50)
 	h.tick(11, 50)
 	h.tick(12, 50)
-	expect(t, "tick 13", h.tick(13, 50), "ask gen=2 want=1100 ttl=600ms running=250 for=240ms")
+	expect(t, "tick 13", h.tick(13, 50), "ask gen=7 want=1100 ttl=600ms running=250 for=240ms")
 	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
 	for k := 14; k < 19; k++ {
 		h.tick(k, 50)
 	}
-	expect(t, "tick 19", h.tick(19, 50), "ask gen=2 want=1100 ttl=2.4s running=250 for=240ms")
+	expect(t, "tick 19", h.tick(19, 50), "ask gen=9 want=1100 ttl=2.4s running=250 for=240ms")
 	expect(t, "renewal 3", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 2400 * time.Millisecond}),
-		"assign gen=3 rate=250 burst=25 until=+3.11s give=0")
+		"assign gen=10 rate=250 burst=25 until=+3.11s give=0")
 	for k := 20; k < 43; k++ {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
 	}
-	expect(t, "tick 43", h.tick(43, 50), "ask gen=2 want=1100 ttl=5s running=250 for=960ms")
+	expect(t, "tick 43", h.tick(43, 50), "ask gen=11 want=1100 ttl=5s running=250 for=960ms")
 }
 
 // Keys whose lease would split the burst too finely, or cost more
@@ -193,12 +193,12 @@ func TestSaturatedKeyLeases(t *testing.T) {
 	for k := 1; k <= 4 && got == ""; k++ {
 		got = h.tick(k, 6)
 	}
-	if !strings.HasPrefix(got, "ask gen=2") {
+	if !strings.HasPrefix(got, "ask gen=3") {
 		t.Fatalf("got %q, want an ask", got)
 	}
 	// Granted its fair share, 2.5/s and 2 tokens of burst: in force.
 	expect(t, "answer", h.answer(Grant{Granted: 2.5, Fair: 2.5, Contended: true, In: 600 * time.Millisecond}),
-		"assign gen=3 rate=2.5 burst=2 until=+640ms give=0")
+		"assign gen=4 rate=2.5 burst=2 until=+640ms give=0")
 }
 
 // A grant without a whole token of burst, or a stale answer, sends the key
@@ -206,18 +206,34 @@ func TestSaturatedKeyLeases(t *testing.T) {
 // record the ask left; it asks again only a renewal period after.
 func TestUnusableGrant(t *testing.T) {
 	for _, g := range []Grant{
-		{Granted: 0, Fair: 250, Contended: true, In: 600 * time.Millisecond},
-		{Granted: 5, Fair: 250, Contended: true, In: 600 * time.Millisecond}, // 0.5 token of burst
+		{Granted: 0, Fair: 5, Contended: true, In: 600 * time.Millisecond},
+		{Granted: 5, Fair: 5, Contended: true, In: 600 * time.Millisecond}, // 0.5 token of burst
 		{Stale: true},
 	} {
 		h := newHarness(t, cfg(1000, 100), 4)
-		expect(t, "tick 1", h.tick(1, 50), "ask gen=2 want=1100 ttl=600ms drain")
-		expect(t, "answer", h.answer(g), "mark gen=3")
+		expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1100 ttl=600ms drain")
+		expect(t, "answer", h.answer(g), "mark gen=4")
 		for k := 2; k < 7; k++ {
 			expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
 		}
-		expect(t, "tick 7", h.tick(7, 50), "ask gen=4 want=1100 ttl=600ms drain")
+		expect(t, "tick 7", h.tick(7, 50), "ask gen=6 want=1100 ttl=600ms drain")
 	}
+}
+
+// A grant too small to run while the fair share would be enough (others
+// hold more than theirs until they renew) keeps the key asking, deciding
+// exactly, a renewal period apart, under the same generation: its record
+// shows Redis what it wants, and the others' renewals leave it its share.
+func TestStarvedAskerKeepsAsking(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1100 ttl=600ms drain")
+	expect(t, "answer", h.answer(Grant{Granted: 3, Fair: 250, Contended: true, In: 600 * time.Millisecond}), "")
+	for k := 2; k < 7; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
+	}
+	expect(t, "tick 7", h.tick(7, 50), "ask gen=5 want=1100 ttl=600ms drain")
+	expect(t, "answer", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond}),
+		"assign gen=6 rate=250 burst=25 until=+890ms give=0")
 }
 
 // A renewal that gets no answer keeps the grant until it ends here, asking
@@ -230,17 +246,18 @@ func TestLapse(t *testing.T) {
 	for k := 2; k < 7; k++ {
 		h.tick(k, 50)
 	}
-	// The grant ends here at 590 ms, 0.9 of its lifetime.
+	// The grant ends here at 590 ms, 0.9 of its lifetime. Each ask has a
+	// generation of its own; the mark after the last is the key's.
 	for k := 7; k < 12; k++ {
-		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), fmt.Sprintf("ask gen=2 want=1100 ttl=600ms running=250 for=%v", at(12).Add(-10*time.Millisecond).Sub(at(k))))
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), fmt.Sprintf("ask gen=%d want=1100 ttl=600ms running=250 for=%v", 2*k-9, at(12).Add(-10*time.Millisecond).Sub(at(k))))
 		h.fail()
 	}
-	expect(t, "tick 12", h.tick(12, 50), "mark gen=3")
+	expect(t, "tick 12", h.tick(12, 50), "mark gen=14")
 	if h.g.Expired != 1 {
 		t.Errorf("%d expired, want 1", h.g.Expired)
 	}
-	if st, gen := h.p.State("k"); st != Exact || gen != 3 {
-		t.Errorf("state %v gen %d, want exact 3", st, gen)
+	if st, gen := h.p.State("k"); st != Exact || gen != 14 {
+		t.Errorf("state %v gen %d, want exact 14", st, gen)
 	}
 }
 
@@ -255,7 +272,7 @@ func TestIdleRelease(t *testing.T) {
 	for k := 2; k < 51; k++ {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 0), "")
 	}
-	expect(t, "tick 51", h.tick(51, 0), "mark gen=3; release gen=3")
+	expect(t, "tick 51", h.tick(51, 0), "mark gen=4; release gen=4")
 }
 
 // A contended lease whose demand falls renews early, so that the others
@@ -270,7 +287,7 @@ func TestEarlyRenewal(t *testing.T) {
 	for ; k < 40 && got == ""; k++ {
 		got = h.tick(k, 10) // 200/s
 	}
-	if !strings.HasPrefix(got, "ask gen=2") || k > 15 {
+	if !strings.HasPrefix(got, "ask gen=5") || k > 15 {
 		t.Fatalf("tick %d: %q, want an early renewal within half a second", k-1, got)
 	}
 	h.answer(Grant{Granted: 240, Fair: 500, Contended: true, In: 5 * time.Second})
@@ -278,8 +295,27 @@ func TestEarlyRenewal(t *testing.T) {
 	for k2 := k; k2 < k+40 && got == ""; k2++ {
 		got = h.tick(k2, 25) // 500/s, above 1.25x what it holds
 	}
-	if !strings.HasPrefix(got, "ask gen=2") {
+	if !strings.HasPrefix(got, "ask gen=7") {
 		t.Fatalf("%q, want an early renewal", got)
+	}
+}
+
+// A renewal that shrinks the grant is followed at the next tick by one that
+// says the key runs the smaller grant: until then Redis counts the larger
+// one, which the key ran until it heard.
+func TestShrinkIsToldAtOnce(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	h.tick(1, 50)
+	h.answer(Grant{Granted: 900, Fair: 900, Contended: true, In: 5 * time.Second})
+	got, k := "", 2
+	for ; got == ""; k++ {
+		got = h.tick(k, 10) // 200/s: an early renewal
+	}
+	expect(t, "shrink", h.answer(Grant{Granted: 240, Fair: 500, Contended: true, In: 5 * time.Second}),
+		fmt.Sprintf("assign gen=6 rate=240 burst=24 until=+%v give=0", at(k-1).Add(4500*time.Millisecond).Sub(t0)))
+	got = h.tick(k, 10)
+	if !strings.HasPrefix(got, "ask gen=7") || !strings.Contains(got, "running=240 ") {
+		t.Fatalf("tick after the shrink: %q, want an ask running 240", got)
 	}
 }
 
@@ -296,24 +332,25 @@ func TestDegraded(t *testing.T) {
 	for k := 3; k < 13; k++ {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
 	}
-	expect(t, "tick 13", h.tick(13, 50), "mark gen=3")
+	expect(t, "tick 13", h.tick(13, 50), "mark gen=4")
 }
 
-// Releases carry a generation newer than the record's, so that Redis
-// deletes it; the forgotten and the closed release theirs.
-func TestForgetAndReleaseAll(t *testing.T) {
+// The release of a forgotten key carries a generation newer than its
+// record's, so that Redis deletes it; an answer to an ask of a key that
+// moved on since is ignored.
+func TestForget(t *testing.T) {
 	h := newHarness(t, cfg(1000, 100), 4)
 	h.tick(1, 50)
 	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
-	expect(t, "forget", show(h.p.Forget("k", nil)), "release gen=3")
+	expect(t, "forget", show(h.p.Forget("k", nil)), "release gen=4")
 	if h.p.Len() != 0 {
 		t.Fatal("forgotten key still tracked")
 	}
 	h = newHarness(t, cfg(1000, 100), 4)
 	h.tick(1, 50)
-	expect(t, "release all while asking", show(h.p.ReleaseAll(nil)), "mark gen=3; release gen=3")
-	// The answer to the ask from before lands after: ignored.
-	expect(t, "late answer", h.answer(Grant{Granted: 250, Fair: 250, In: time.Second}), "")
+	o := *h.last
+	expect(t, "forget while asking", show(h.p.Forget("k", nil)), "release gen=4")
+	expect(t, "late answer", show(h.p.Answer(h.sent, &o, &Grant{Granted: 250, Fair: 250, In: time.Second}, nil)), "")
 }
 
 // Generations run 1 to 255 and wrap, never 0, which marks no key.

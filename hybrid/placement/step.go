@@ -52,17 +52,18 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 	switch k.state {
 	case Exact:
 		if !p.degraded && !idle && t >= k.renewAt && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
-			k.state, k.gen, k.stable, k.ttl = Asking, NextGen(k.gen), 0, p.cfg.ContendedTTL
+			k.state, k.stable, k.ttl = Asking, 0, p.cfg.ContendedTTL
 			out = append(out, p.ask(t, st.Key, k, true))
 		}
 	case Asking:
-		// The last ask got no answer (Answer or Failed would have moved
-		// it): ask again, or give up if the key is no longer worth it.
+		// The last ask got no answer, or a grant too small to run while
+		// others hold more than their fair shares: ask again when due, or
+		// give up if the key is no longer worth it.
 		switch {
 		case p.degraded:
 		case idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
 			out = p.toExact(k, st.Key, out)
-		default:
+		case t >= k.renewAt:
 			out = append(out, p.ask(t, st.Key, k, true))
 		}
 	case Leased:
@@ -132,6 +133,10 @@ func (p *Policy) want(d float64) float64 {
 // (drain: the lease takes its part of the pool's tokens), or a renewal,
 // which says what the key runs until it hears the answer.
 func (p *Policy) ask(t instant, name string, k *key, drain bool) Out {
+	// Every ask has a generation of its own, two past the last: an ask
+	// that Redis runs after a later one is stale there, and the mark a
+	// grant ends into (the one after its ask's) is never an ask's.
+	k.gen = NextGen(NextGen(k.gen))
 	k.want, k.sentAt = p.want(k.demand), t
 	o := Out{Kind: Ask, Key: name, Gen: k.gen, Want: k.want, TTL: k.ttl, Drain: drain}
 	if k.state == Leased && k.until > t {
@@ -183,11 +188,18 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		return out // the key moved on while the ask was out
 	}
 	s := p.instant(sent)
-	burst := math.Floor(float64(p.cfg.Burst)*g.Granted/p.cfg.Rate + 1e-9)
-	if g.Stale || burst < 1 || g.Granted <= 0 {
+	burst := p.burstOf(g.Granted)
+	if g.Stale || burst < 1 {
+		k.fair = g.Fair
+		if k.state == Asking && !g.Stale && p.burstOf(g.Fair) >= 1 {
+			// Others hold more than their fair shares until they renew,
+			// and the record this ask left shows them what this instance
+			// wants: ask again a renewal later, deciding exactly meanwhile.
+			k.renewAt = s.add(p.cfg.ContendedTTL / RenewDivisor)
+			return out
+		}
 		// No grant worth running: back to exact decisions, whose takes
 		// replace the record this ask left.
-		k.fair = g.Fair
 		return p.toExact(k, o.Key, out)
 	}
 	if k.state == Leased && math.Abs(g.Granted-k.granted) <= SettledWithin*k.granted {
@@ -195,12 +207,24 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 	} else {
 		k.stable = 0
 	}
+	shrank := k.state == Leased && g.Granted < k.granted*(1-SettledWithin)
 	k.state, k.granted, k.fair, k.contended = Leased, g.Granted, g.Fair, g.Contended
 	k.until = s.add(time.Duration(float64(g.In) * EndEarly))
 	k.renewAt = s.add(g.In / RenewDivisor)
+	if shrank {
+		// Redis counts the larger grant this ask said the key ran until
+		// that grant ends: say at the next tick that it runs the smaller
+		// one, so that what it gave up goes to the others at once.
+		k.renewAt = s.add(p.cfg.Tick)
+	}
 	k.ttl = p.nextTTL(k)
 	return append(out, Out{Kind: Assign, Key: o.Key, Gen: NextGen(k.gen), Rate: g.Granted, Burst: int(burst),
 		Until: p.time(k.until), Give: g.Drained})
+}
+
+// burstOf is the whole tokens of the burst that a grant of rate r holds.
+func (p *Policy) burstOf(r float64) float64 {
+	return math.Floor(float64(p.cfg.Burst)*r/p.cfg.Rate + 1e-9)
 }
 
 // nextTTL is the lifetime the key's next renewal asks for: ContendedTTL
@@ -216,7 +240,7 @@ func (p *Policy) nextTTL(k *key) time.Duration {
 // Failed tells the policy that the Ask o, sent at sent, got no answer: the
 // key keeps what it runs and asks again at the next tick.
 func (p *Policy) Failed(sent time.Time, o *Out) {
-	if k := p.keys[o.Key]; k != nil && k.gen == o.Gen && k.state == Leased {
+	if k := p.keys[o.Key]; k != nil && k.gen == o.Gen && k.state != Exact {
 		k.renewAt = p.instant(sent) // due again at once
 	}
 }
@@ -234,20 +258,6 @@ func (p *Policy) Forget(name string, out []Out) []Out {
 	case k.state == Leased || k.state == Asking:
 		// The local limiter has forgotten the key: it runs nothing.
 		out = append(out, Out{Kind: Release, Key: name, Gen: NextGen(k.gen)})
-	}
-	return out
-}
-
-// ReleaseAll moves every key to the exact placement and appends the
-// releases of their records: the limit stops being Hybrid, or the Limiter
-// closes.
-func (p *Policy) ReleaseAll(out []Out) []Out {
-	for name, k := range p.keys {
-		switch k.state {
-		case Leased, Asking:
-			out = p.toExact(k, name, out)
-			out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
-		}
 	}
 	return out
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/hybrid/placement"
 	"github.com/hybridlimit/hybridlimit/local"
 	"github.com/hybridlimit/hybridlimit/membership"
 )
@@ -53,12 +54,9 @@ type Limiter struct {
 	// then checks whether Redis is gone.
 	exactFailed atomic.Bool
 	stopWatch   func()
-
-	// msgr carries the asks to yield between the instances, nil when
-	// Members cannot message; in holds the asks received.
-	msgr     membership.Messenger
-	in       inbox
-	stopRecv func()
+	// quotasEvicted is when the loop last evicted the idle keys of the
+	// local quotas (see quotaEvictEvery). Owned by the loop.
+	quotasEvicted time.Time
 
 	peakMu  sync.Mutex
 	samples []peerSample // guarded by peakMu: instance counts and names seen within PeakWindow
@@ -99,25 +97,28 @@ type limitEntry struct {
 
 // limitState is what a limit keeps while SetLimits changes its Limit.
 type limitState struct {
-	loc      *local.Limiter // Local and Hybrid decisions; FailLocal for Global; counts the decisions it makes (see decide)
-	degraded atomic.Bool    // Redis unreachable: cold keys and Global decisions follow OnOutage; written under shareMu
-	m        *limitMetrics
-	count    bool          // count the decisions loc does not: metrics are registered somewhere
-	commands atomic.Uint64 // Redis commands sent for this limit
-	failing  atomic.Int64  // keys whose last lease request failed
+	// loc is the local quota, rate/N-hat per key: the decisions of a Local
+	// limit, and of FailLocal while Redis is unreachable.
+	loc *local.Limiter
+	// keys holds the keys of a Hybrid limit (empty otherwise): each one
+	// marked with its exact generation, or running a lease (see
+	// local.Limiter.Lease). Every key it creates starts marked
+	// placement.FirstGen: decided exactly.
+	keys        *local.Limiter
+	degraded    atomic.Bool // Redis unreachable: exact and Global decisions follow OnOutage; written under shareMu
+	m           *limitMetrics
+	count       bool          // count the decisions loc and keys do not: metrics are registered somewhere
+	commands    atomic.Uint64 // Redis commands sent for this limit
+	failingKeys atomic.Int64  // len(failing), for Status
 	// unlogged holds the cause of a degrade made by a decision, whose log
 	// line the loop writes (see explain): a decision does not wait for it.
 	unlogged atomic.Pointer[error]
-	// credits holds the credit of exact keys (ExactBursts limits only).
-	credits creditBook
 
 	// Owned by the lease loop goroutine, and by Close once it has stopped.
-	eng     *engine // the lease policy; nil unless applied.Mode is Hybrid
-	applied Limit   // the Limit eng and the loop follow; zero until the loop first sees the limit
+	pol     *placement.Policy   // nil unless applied.Mode is Hybrid
+	applied Limit               // the Limit pol and the loop follow; zero until the loop first sees the limit
+	failing map[string]struct{} // keys whose last lease ask failed on its own
 	stats   []local.KeyStats
-	// burstBelowN: the limit splits a burst smaller than N-hat, which
-	// warnBurstBelowN has logged.
-	burstBelowN bool
 }
 
 // New returns a Limiter for cfg and starts its lease loop. It returns an
@@ -167,7 +168,7 @@ func New(cfg Config) (*Limiter, error) {
 		l.diagnose = dialCheck(cfg.Redis)
 	}
 	now := time.Now()
-	l.health = health{quiet: cfg.UncontendedTTL/renewDivisor + cfg.Tick, answered: now}
+	l.health = health{quiet: cfg.UncontendedTTL/placement.RenewDivisor + cfg.Tick, answered: now}
 	n := l.members.Count()
 	roster, _ := l.members.(membership.Roster)
 	if roster != nil {
@@ -204,11 +205,6 @@ func New(cfg Config) (*Limiter, error) {
 	} else {
 		l.stopWatch = l.members.Watch(l.onPeers)
 	}
-	l.stopRecv = func() {}
-	if m, ok := l.members.(membership.Messenger); ok {
-		l.msgr = m
-		l.stopRecv = m.Receive(l.in.receive)
-	}
 	go l.loop()
 	return l, nil
 }
@@ -217,21 +213,21 @@ func New(cfg Config) (*Limiter, error) {
 // it uses Redis and Redis is down.
 func (l *Limiter) newEntry(lim Limit, now time.Time) (*limitEntry, error) {
 	n, rank := l.place(now)
-	loc, err := local.New(local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: n})
+	cfg := local.Config{Limit: rate.Limit(lim.Rate), Burst: lim.Burst, Instances: n}
+	loc, err := local.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: limit %q: %w", ErrConfig, lim.Name, err)
 	}
-	e := &limitEntry{Limit: lim, limitState: &limitState{loc: loc, m: l.m.forLimit(lim.Name, loc), count: l.cfg.Registerer != nil}}
+	keys, _ := local.New(cfg) // as loc
+	// From the first decision: a key runs nothing Redis does not count.
+	keys.SetNewMark(placement.FirstGen)
+	e := &limitEntry{Limit: lim, limitState: &limitState{loc: loc, keys: keys,
+		m: l.m.forLimit(lim.Name, loc, keys), count: l.cfg.Registerer != nil}}
 	if lim.Mode != Local && l.down.Load() != nil {
 		e.degraded.Store(true)
 		e.m.degraded.Set(1)
 	}
 	loc.SetPlace(now, placeOf(e, n, rank))
-	if lim.Mode == Hybrid && lim.ExactBursts && !e.degraded.Load() {
-		// From the first decision: a key must not run a default share that
-		// Redis does not count.
-		loc.SetNewMark(markExact)
-	}
 	return e, nil
 }
 
@@ -290,23 +286,22 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 
 // AllowN decides whether n tokens may be taken from key under limit now.
 //
-// For Local limits, and for Hybrid keys in the share and lease placements,
-// the decision is made in process and never waits on the network. A Global
-// decision, and a Hybrid decision on a key in the exact placement (a key
-// whose split would lose accuracy, or any key of a limit with ExactBursts
-// until it moves to a lease), is one Redis round trip, bounded by
-// Config.RedisTimeout and by ctx; while a limit is degraded none waits. An
-// exact denial, and an exact admission that left the key's pool empty, is
-// followed by a hold: later requests on that key are denied in process
-// until the turn Redis gave this instance (when tokens would be there for
-// it, the instances that must wait taking turns). With ExactBursts, the
-// credit an allowed exact decision brought is admitted in process too (see
-// Limit.ExactBursts). A denial is a Decision with Allowed false, not an
-// error. AllowN returns an error for an
-// unknown limit (ErrUnknownLimit), n below 1 (ErrInvalidN), after Close
-// (ErrClosed), or when ctx ends during a Global decision. When n exceeds the
-// limit's burst it returns a denial with RetryAfter Never together with
-// ErrExceedsBurst, since waiting can never help.
+// Local decisions, and Hybrid decisions on a key leased here, are made in
+// process and never wait on the network. A Global decision, and a Hybrid
+// decision on a key decided exactly (its first decisions here, so that a
+// client's burst of up to the limit's burst is admitted whole wherever it
+// lands; thin keys; keys sprayed near their limit), is one Redis round
+// trip, bounded by Config.RedisTimeout and by ctx; while a limit is
+// degraded none waits. An exact denial, and an exact admission that left
+// the key's pool empty, is followed by a hold: later requests on that key
+// are denied in process until the turn Redis gave this instance (when
+// tokens would be there for it, the instances that must wait taking
+// turns). A denial is a Decision with Allowed false, not an error. AllowN
+// returns an error for an unknown limit (ErrUnknownLimit), n below 1
+// (ErrInvalidN), after Close (ErrClosed), or when ctx ends during a
+// decision in Redis. When n exceeds the limit's burst it returns a denial
+// with RetryAfter Never together with ErrExceedsBurst, since waiting can
+// never help.
 //
 // A limit in shadow mode (Limit.Shadow) decides and counts as usual and
 // then admits: a denial comes back as Allowed and Shadowed, with no error,
@@ -339,12 +334,12 @@ func (l *Limiter) entry(limit string) (*limitEntry, error) {
 // decide is AllowN under the limit ls: it sets *d to the decision, or
 // returns the error.
 //
-// Local decisions, and Hybrid ones in the share and lease placements, are
-// the hot path: they are decided here, in one frame, and their Decision is
-// written once, field by field, from values held in registers. A Decision
-// or a local.Result has more than four fields, so the compiler keeps one in
-// memory: returned by value from function to function, every copy of it
-// cost a store-forwarding stall, together about a fifth of the decision.
+// Local decisions, and Hybrid ones on a lease, are the hot path: they are
+// decided here, in one frame, and their Decision is written once, field by
+// field, from values held in registers. A Decision or a local.Result has
+// more than four fields, so the compiler keeps one in memory: returned by
+// value from function to function, every copy of it cost a
+// store-forwarding stall, together about a fifth of the decision.
 func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int, d *Decision) error {
 	if n < 1 {
 		return fmt.Errorf("%w: got %d", ErrInvalidN, n)
@@ -354,69 +349,63 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 		*d, err = l.exceedsBurst(ls, n)
 		return err
 	}
-	if ls.Mode == Global {
+	switch ls.Mode {
+	case Global:
 		g, err := l.global(ctx, ls, key, n)
 		if err != nil {
 			return err
 		}
 		*d = g
 		return nil
+	case Hybrid:
+		return l.hybrid(ctx, ls, key, n, d)
 	}
-	// loc counts the decisions it makes as they are reported here (see
-	// decisionsCollector): at an assigned share as lease, else as local,
-	// but for a Local limit all as local, and for a Hybrid limit on its
-	// FailOpen or FailClosed policy only those on a lease.
-	tally, degraded := local.TallyDefault, false
-	if ls.Mode == Hybrid {
-		tally, degraded = local.TallyShare, ls.degraded.Load()
-		if degraded && ls.OnOutage != FailLocal {
-			tally = local.TallyAssigned
-		}
+	// loc counts the decisions it makes (see decisionsCollector).
+	var r local.Result
+	ls.loc.AllowNTallyInto(time.Now(), key, n, local.TallyDefault, &r)
+	allowed, wait := r.Allowed, r.RetryAfter
+	shadow := !allowed && ls.Shadow
+	if shadow {
+		allowed, wait = true, 0 // as shadowed makes it
 	}
+	d.Allowed, d.Remaining, d.RetryAfter, d.Source, d.Shadowed = allowed, r.Remaining, wait, SourceLocal, shadow
+	return nil
+}
+
+// hybrid is decide for a limit in Hybrid mode: on the key's lease when one
+// is in force here, else exactly, with one script against the key's pool in
+// Redis, or while the limit is degraded by its outage policy.
+func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int, d *Decision) error {
 	now := time.Now()
 	var r local.Result
-	ls.loc.AllowNTallyInto(now, key, n, tally, &r)
-	allowed, remaining, wait := r.Allowed, r.Remaining, r.RetryAfter
+	// keys counts the decisions on a lease (see decisionsCollector).
+	ls.keys.AllowNTallyInto(now, key, n, local.TallyAssigned, &r)
 	if r.Mark != 0 {
-		if ls.Mode != Hybrid {
-			*d = l.unmarkedYet(ls)
-			return nil
+		var e Decision
+		if ls.degraded.Load() {
+			e = l.outage(ls, key, n, now)
+		} else {
+			var err error
+			if e, err = l.exact(ctx, ls, key, n, &r); err != nil {
+				return err
+			}
+			e = ls.finish(e)
 		}
-		m, err := l.marked(ctx, ls, key, n, now, r.Mark, r.Hold, degraded)
-		if err == nil {
-			*d = m
-		}
-		return err
+		*d = e
+		return nil
 	}
-	src := SourceLocal
-	if ls.Mode == Hybrid {
-		switch {
-		case r.Assigned:
-			src = SourceLease
-		case !degraded || ls.OnOutage == FailLocal:
-			// The default share (a key without a record, which Redis
-			// counts at that share), or the smaller of a lapsed grant and
-			// that share (which Redis counts too: the grant until its
-			// record ends, the default share after that), or FailLocal. A
-			// key whose requests fail while Redis answers stays here: it
-			// is counted.
-		default:
-			*d = ls.finish(l.policy(ls))
-			return nil
-		}
-		if wait == Never && !degraded {
-			// n is within the limit's burst (decide checked) but above
-			// this instance's part of it: that part follows the key's
-			// lease, which a renewal may grow, so look again after one
-			// rather than never.
-			wait = l.cfg.ContendedTTL / renewDivisor
-		}
+	allowed, wait := r.Allowed, r.RetryAfter
+	if wait == Never {
+		// n is within the limit's burst (decide checked) but above the
+		// lease's part of it, which a renewal may grow: look again after
+		// one rather than never.
+		wait = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
 	shadow := !allowed && ls.Shadow
 	if shadow {
 		allowed, wait = true, 0 // as shadowed makes it
 	}
-	d.Allowed, d.Remaining, d.RetryAfter, d.Source, d.Shadowed = allowed, remaining, wait, src, shadow
+	d.Allowed, d.Remaining, d.RetryAfter, d.Source, d.Shadowed = allowed, r.Remaining, wait, SourceLease, shadow
 	return nil
 }
 
@@ -440,33 +429,16 @@ func (l *Limiter) exceedsBurst(ls *limitEntry, n int) (Decision, error) {
 	return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, ls.Name, n, ls.Burst)
 }
 
-// marked decides n tokens of key under the Hybrid limit ls, whose local
-// limiter marked the key as in the exact placement at now (hold is its deny
-// cache, see exact): with one script against the key's pool in Redis, or,
-// while the limit is degraded, by the outage policy.
-func (l *Limiter) marked(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, mark uint8, hold time.Duration, degraded bool) (Decision, error) {
-	switch {
-	case !degraded:
-		d, err := l.exact(ctx, ls, key, n, now, mark, hold)
-		if err != nil {
-			return Decision{}, err
-		}
-		return ls.finish(d), nil
-	case ls.OnOutage == FailLocal:
-		// Degraded a moment ago: the loop moves the key back to its default
-		// share at its next tick.
-		return ls.finish(Decision{RetryAfter: l.cfg.Tick, Source: SourceLocal}), nil
-	default:
-		return ls.finish(l.policy(ls)), nil
+// outage is the decision on n tokens of key under ls at now by its outage
+// policy, Redis being unreachable: the local quota (FailLocal, counted by
+// loc), or admit or reject (counted here).
+func (l *Limiter) outage(ls *limitEntry, key string, n int, now time.Time) Decision {
+	if ls.OnOutage != FailLocal {
+		return ls.finish(l.policy(ls))
 	}
-}
-
-// unmarkedYet is the decision on a key of ls that the local limiter still
-// marks exact although ls is no longer Hybrid: the loop moves it back to
-// its default share at its next tick (engine.drop). The local limiter did
-// not count it; finish does.
-func (l *Limiter) unmarkedYet(ls *limitEntry) Decision {
-	return ls.finish(Decision{RetryAfter: l.cfg.Tick, Source: SourceLocal})
+	var r local.Result
+	ls.loc.AllowNTallyInto(now, key, n, local.TallyDefault, &r)
+	return ls.shade(fromLocal(r, SourceLocal))
 }
 
 // finish counts decision d under ls, which ls.loc did not decide, and
@@ -487,49 +459,28 @@ func (ls *limitEntry) shade(d Decision) Decision {
 	return d
 }
 
-// exact decides n tokens of key, in the exact placement, with one script
-// against the key's pool, bounded by RedisTimeout; hold is the local
-// limiter's deny cache: a denial that said "nothing until t" is repeated
-// here until t, and hold is what is left of it at now; mark is the key's
-// mark (markExact or markExactDropLease).
-func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, now time.Time, mark uint8, hold time.Duration) (Decision, error) {
-	if hold > 0 {
-		if ls.ExactBursts {
-			// Redis counts the key here at the demand its takes show:
-			// the next take tells it of this request too, if the hold
-			// is for a pool with no rate (see held).
-			ls.credits.hold(key, n, now)
-		}
-		return Decision{RetryAfter: hold, Source: SourceGlobal}, nil
-	}
-	var want, back int
-	var held float64
-	if ls.ExactBursts {
-		// Credit Redis handed ahead of this request is admitted here;
-		// otherwise what is left of it goes back with the request.
-		if left, ok := ls.credits.use(key, n, now); ok {
-			return Decision{Allowed: true, Remaining: int64(left), Source: SourceGlobal}, nil
-		}
-		// The held demand is lost if the take fails: counting it again
-		// with the next take could count it twice, should the script
-		// have run.
-		back, held = ls.credits.beforeTake(key, now)
-		want = creditFor(ls.Burst, ls.loc.Instances())
+// exact decides n tokens of key, in the exact placement, with one
+// script against the key's pool, bounded by RedisTimeout. r is what the
+// key's local limiter said: its mark, the generation the take carries;
+// its hold, the deny cache (a denial that said "nothing until t" is
+// repeated here until t, without asking); and the tokens asked for on the
+// key, which Redis measures the key's demand here by.
+func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
+	if r.Hold > 0 {
+		return Decision{RetryAfter: r.Hold, Source: SourceGlobal}, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
-	t, err := l.store.TakeExact(cctx, global.ExactRequest{
-		Limit: ls.Name, Key: key, Instance: l.members.Name(),
-		// The count the default shares are split by, which the loop keeps
-		// at N-hat: an atomic load, where place takes a lock.
-		Rate: ls.Rate, Burst: ls.Burst, Instances: ls.loc.Instances(), N: n,
-		TTL: l.cfg.UncontendedTTL, ExactBursts: ls.ExactBursts,
-		// A key that stopped running a lease drops its record; any other
-		// keeps one it may be about to run (see markExact).
-		KeepLease: mark != markExactDropLease,
-		Credit:    want, Return: back, CreditTTL: creditLife, Held: held,
+	t, err := l.store.TakePool(cctx, global.PoolTake{
+		Limit: ls.Name, Key: key, Instance: l.members.Name(), Gen: r.Mark,
+		// N-hat, which the loop keeps in loc: an atomic load, where place
+		// takes a lock.
+		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1), N: n,
+		TTL: l.cfg.UncontendedTTL, Asked: r.Attempted,
 	})
 	cancel()
 	ls.sent(1)
+	// Holds count from the answer, which Redis's times count from.
+	now := time.Now()
 	if err != nil {
 		if ctx.Err() != nil {
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
@@ -541,44 +492,34 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 			// exact has no renewal to tell it.
 			l.exactFailed.Store(true)
 		}
-		// Not degraded: this one decision is denied (its share is in the
-		// pool, not here), which keeps the bound. The outage policy takes
-		// over only when the limit degrades; the loop then moves the key
-		// back to its default share.
+		// Not degraded: this one decision is denied, which keeps the
+		// bound, and so are the key's next ones for a tick, without
+		// waiting on a Redis that may be gone. The outage policy takes
+		// over only when the limit degrades.
+		ls.keys.SetHold(key, r.Mark, now.Add(l.cfg.Tick))
 		return Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}, nil
 	}
+	var hold time.Duration
 	switch {
 	case !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never:
-		ls.loc.SetHold(key, mark, now.Add(t.RetryAfter))
+		hold = t.RetryAfter
 	case !t.Allowed && t.RetryAfter == Never && !(t.PoolRate > 0):
-		// The pool has no rate: the leases and the records of the other
-		// instances hold all of it, and it gets some back only as they
-		// renew, release or end. Until the earliest a contended one
-		// renews, every take would be denied: one script per request
-		// for nothing (a heavy key yielded here while its peers leased
-		// the whole rate sent 30 a second). What it holds is demand
-		// Redis must see: the next take carries it. The count starts
-		// before the hold, so that no request the hold denies is
-		// missed, and goes if the key's mark changed meanwhile.
-		if ls.ExactBursts {
-			ls.credits.startHeld(key, now)
-		}
-		if !ls.loc.SetHold(key, mark, now.Add(l.cfg.ContendedTTL/renewDivisor)) && ls.ExactBursts {
-			ls.credits.drawHeld(key, now)
-		}
+		// The pool has no rate: the leases hold all of it, and it gets
+		// some back only as they renew, release or end. Until the
+		// earliest a contended one renews, every take would be denied:
+		// one script per request for nothing.
+		hold = l.cfg.ContendedTTL / placement.RenewDivisor
 	case t.Allowed && t.Turn > 0:
 		// This admission emptied the pool: the next tokens are for the
 		// callers whose turns come first.
-		ls.loc.SetHold(key, mark, now.Add(t.Turn))
+		hold = t.Turn
 	}
-	if t.Credit > 0 {
-		// Redis started the credit's life no earlier than now: it ends
-		// here first.
-		ls.credits.add(key, t.Credit, now, now.Add(time.Duration(float64(creditLife)*endEarly)))
+	if hold > 0 {
+		ls.keys.SetHold(key, r.Mark, now.Add(hold))
 	}
 	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
 	if d.RetryAfter == Never {
-		d.RetryAfter = l.cfg.ContendedTTL / renewDivisor
+		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
 	return d, nil
 }
@@ -637,17 +578,7 @@ func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int)
 		// decision only: Redis is up, so only this decision follows the
 		// policy.
 	}
-	if ls.OnOutage == FailLocal {
-		// Counted by loc, as local (a key may hold a lease of the time the
-		// limit was Hybrid).
-		var r local.Result
-		ls.loc.AllowNTallyInto(time.Now(), key, n, local.TallyDefault, &r)
-		if r.Mark != 0 {
-			return l.unmarkedYet(ls), nil
-		}
-		return ls.shade(fromLocal(r, SourceLocal)), nil
-	}
-	return ls.finish(l.policy(ls)), nil
+	return l.outage(ls, key, n, time.Now()), nil
 }
 
 // Wait blocks until n tokens of key under limit are admitted, or ctx ends.
@@ -738,10 +669,11 @@ func (l *Limiter) Status(limit string) (Status, error) {
 		Keys:       ls.loc.Len(),
 
 		RedisCommands: ls.commands.Load(),
-		FailingKeys:   int(ls.failing.Load()),
+		FailingKeys:   int(ls.failingKeys.Load()),
 	}
 	if ls.Mode == Hybrid {
-		for _, k := range ls.loc.AppendStats(nil) {
+		st.Keys = ls.keys.Len()
+		for _, k := range ls.keys.AppendStats(nil) {
 			if k.Assigned {
 				st.LeasedRate += float64(k.Share.Limit)
 			}
@@ -778,7 +710,6 @@ func (l *Limiter) Close(ctx context.Context) error {
 		close(l.quit)
 		<-l.done
 		l.stopWatch()
-		l.stopRecv()
 		var errs []error
 		if err := l.releaseAll(ctx); err != nil {
 			errs = append(errs, err)
@@ -852,29 +783,6 @@ func (l *Limiter) resplit(ls *limitEntry, now time.Time, n int) {
 	l.shareMu.Lock()
 	defer l.shareMu.Unlock()
 	ls.loc.SetPlace(now, placeOf(ls, n, rank))
-}
-
-// warnBurstBelowN logs a warning when a Hybrid limit with split bursts
-// comes to have a burst below n, N-hat, and a line when that ends. Its
-// instances' parts of a key's burst sum to the burst, so at least one
-// instance holds no token of any key: it decides every request of its own
-// in Redis, against a pool that holds none of the burst while the others
-// keep theirs. On 6 instances, rate 7/s and burst 5, keys each within
-// every instance's share measured 0.77 of an exact bucket at 1.04 Redis
-// commands per decision, and with ExactBursts 1.000 at 0.86 (README,
-// Known limits).
-func (l *Limiter) warnBurstBelowN(ls *limitEntry, n int) {
-	below := ls.Mode == Hybrid && !ls.ExactBursts && ls.Burst < n
-	if below == ls.burstBelowN {
-		return
-	}
-	ls.burstBelowN = below
-	if below {
-		l.log.Warn("hybridlimit: burst below the instance count: with split bursts some instances hold no token of a key's burst and decide its requests in Redis, against a pool that may hold none; set ExactBursts, or a burst of at least the instance count",
-			"limit", ls.Name, "burst", ls.Burst, "instances", n)
-		return
-	}
-	l.log.Info("hybridlimit: burst no longer below the instance count", "limit", ls.Name, "burst", ls.Burst, "instances", n)
 }
 
 // peak returns the largest instance count seen within PeakWindow of now.

@@ -5,27 +5,31 @@ import (
 	"math"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/hybrid/placement"
 	"github.com/hybridlimit/hybridlimit/internal/shrink"
+	"github.com/hybridlimit/hybridlimit/local"
 )
 
 // store is the part of global.Store the Limiter uses.
 type store interface {
-	Lease(ctx context.Context, reqs []global.LeaseRequest, out []global.Lease) error
+	AskLeases(ctx context.Context, asks []global.LeaseAsk, out []global.LeaseGrant) error
 	TakeN(ctx context.Context, limit, key string, rate float64, burst, n int) (global.Take, error)
-	TakeExact(ctx context.Context, r global.ExactRequest) (global.Take, error)
+	TakePool(ctx context.Context, r global.PoolTake) (global.Take, error)
 	Ping(ctx context.Context) error
 	Check(ctx context.Context) error
 }
 
 var _ store = (*global.Store)(nil)
 
-// health tells from Redis's answers whether it is gone. Every live key
-// renews within UncontendedTTL/renewDivisor, so that long (plus a tick) without any
-// answer means Redis is gone, not just the nodes of the keys in one batch.
-// Owned by the loop.
+// health tells from Redis's answers whether it is gone. Every live lease
+// renews within UncontendedTTL/RenewDivisor, so that long (plus a tick)
+// without any answer means Redis is gone, not just the nodes of the keys in
+// one batch. Owned by the loop.
 type health struct {
-	quiet    time.Duration // UncontendedTTL/renewDivisor + Tick
+	quiet    time.Duration // UncontendedTTL/RenewDivisor + Tick
 	answered time.Time     // when Redis last answered
 }
 
@@ -36,23 +40,20 @@ func (h *health) ok(t time.Time) { h.answered = t }
 // the limits should degrade.
 func (h *health) silent(now time.Time) bool { return now.Sub(h.answered) >= h.quiet }
 
-// batch is one tick's worth of lease requests, reused across ticks.
+// batch is one tick's worth of lease asks and releases, reused across ticks.
 type batch struct {
-	reqs    []global.LeaseRequest
-	out     []global.Lease
+	asks    []global.LeaseAsk
+	out     []global.LeaseGrant
 	refs    []ref
-	calls   []call // one limit's calls, before they join reqs
+	outs    []placement.Out // what one call of a policy returned
 	evicted []string
-	asks    []ask  // asks to yield and freed keys received from the peers
-	out2    outbox // asks to yield for the peers
-	freed   outbox // keys whose grants this instance gave up in part, for the peers
-	quiet   int    // ticks in a row that used a small part of the buffers
+	quiet   int // ticks in a row that used a small part of the buffers
 }
 
+// ref is what an ask of a batch was for.
 type ref struct {
-	ls   *limitEntry
-	le   *lease // nil for a release nothing waits on
-	kind callKind
+	ls *limitEntry
+	o  placement.Out
 }
 
 // shrinkAfter is how many ticks in a row the batches must have used less
@@ -62,36 +63,31 @@ type ref struct {
 // tick keeps its buffers.
 const shrinkAfter = 40
 
+// quotaEvictEvery is how often the idle keys of the local quotas (Local
+// limits, FailLocal) are evicted: a walk over every key, which a tick
+// would repeat too often for a limit of millions of one-shot keys.
+const quotaEvictEvery = time.Second
+
 // reset empties b for the next tick, giving its buffers back once they have
 // been mostly unused for shrinkAfter ticks.
 func (b *batch) reset() {
-	if shrink.Sparse(len(b.reqs), cap(b.reqs)) {
+	if shrink.Sparse(len(b.asks), cap(b.asks)) {
 		b.quiet++
 	} else {
 		b.quiet = 0
 	}
 	if b.quiet >= shrinkAfter {
-		*b = batch{out2: outbox{version: askVersion}, freed: outbox{version: freedVersion}}
+		*b = batch{}
 		return
 	}
-	b.out2.version, b.freed.version = askVersion, freedVersion
-	clear(b.reqs)
-	b.reqs = b.reqs[:0]
+	clear(b.asks)
+	b.asks = b.asks[:0]
 	clear(b.refs)
 	b.refs = b.refs[:0]
-	clear(b.out) // drops the errors and keys of the last answers
-	b.calls = b.calls[:0]
+	clear(b.out) // drops the errors of the last answers
+	b.outs = b.outs[:0]
 	clear(b.evicted)
 	b.evicted = b.evicted[:0]
-}
-
-// add moves calls, made for ls, into b.
-func (b *batch) add(ls *limitEntry, calls []call) {
-	for i := range calls {
-		b.reqs = append(b.reqs, calls[i].req)
-		b.refs = append(b.refs, ref{ls, calls[i].lease, calls[i].kind})
-	}
-	clear(calls)
 }
 
 // loop is the Limiter's one background goroutine: every tick it evicts idle
@@ -112,52 +108,48 @@ func (l *Limiter) loop() {
 }
 
 // tick is one round of the loop at now: put changes of the limits in force,
-// ask every Hybrid limit's engine what to send, send it, hand back the
+// ask every Hybrid limit's policy what to send, send it, hand back the
 // answers.
 func (l *Limiter) tick(now time.Time, b *batch) {
 	b.reset()
-	// Redis counts the instances that hold no record of a key by the
-	// largest count of PeakWindow, as the default shares are split. The
-	// names may change with the count unchanged (one leaves as another
+	// The names may change with the count unchanged (one leaves as another
 	// joins): look at them at every tick, for the ranks.
 	l.observe(now, l.members.Count(), l.roster())
 	n := l.peak(now)
 	set := l.reconcile(now, n, b)
 	resettle := l.resettle.Swap(false)
-	l.yield(now, n, set, b)
+	evictQuotas := now.Sub(l.quotasEvicted) >= quotaEvictEvery
+	if evictQuotas {
+		l.quotasEvicted = now
+	}
 	probe := false
 	for _, ls := range set.order {
 		l.logUnlogged(ls)
-		degraded := ls.degraded.Load()
 		// The largest recent count may have aged out of PeakWindow.
 		l.resplit(ls, now, n)
-		l.warnBurstBelowN(ls, n)
 		// A degraded limit recovers when Redis answers: a renewal, or a
 		// probe when there is none (a Global limit, or a Hybrid one whose
-		// keys ask for nothing, for example one degraded since New).
-		probe = probe || (degraded && ls.Mode != Local)
-		if ls.Mode == Hybrid {
+		// keys ask for nothing).
+		probe = probe || (ls.degraded.Load() && ls.Mode != Local)
+		if evictQuotas {
+			ls.loc.EvictIdle(now, l.cfg.IdleAfter, nil)
+		}
+		if ls.pol != nil {
 			if resettle {
-				ls.eng.resettle(now)
+				ls.pol.Resettle(now)
 			}
-			l.evict(now, n, ls, b)
+			l.evict(now, ls, b)
 			l.collect(now, n, ls, b)
 		}
 	}
 	suspect := l.exactFailed.Swap(false)
 	switch {
-	case len(b.reqs) > 0:
+	case len(b.asks) > 0:
 		l.renew(now, b)
 	case probe:
 		l.probe(set)
 	case suspect:
 		l.check()
-	}
-	// After the pipeline: a peer that acts on an ask or on a freed grant
-	// at once then finds this instance's records in Redis.
-	if l.msgr != nil {
-		b.out2.flush(l.msgr)
-		b.freed.flush(l.msgr)
 	}
 }
 
@@ -173,131 +165,145 @@ func (l *Limiter) check() {
 	l.health.ok(time.Now())
 }
 
-// yield hands the asks to yield that peers sent since the last tick to the
-// engines of their limits.
-func (l *Limiter) yield(now time.Time, n int, set *limitSet, b *batch) {
-	b.asks = l.in.take(b.asks)
-	for _, a := range b.asks {
-		if ls := set.byName[a.limit]; ls != nil && ls.eng != nil {
-			ls.eng.degraded = ls.degraded.Load()
-			if a.freed {
-				ls.eng.freed(now, a.key)
-			} else {
-				ls.eng.yieldAsked(now, a.key, n)
-			}
-		}
-	}
-	b.asks = shrink.Slice(b.asks)
-}
-
 // reconcile puts the limits as configured now in force in the loop's own
 // state, adding to b the releases that takes, and returns them. A limit
 // that SetLimits removed has its leases released and its keys forgotten; a
-// limit that became Hybrid gets an engine, one that stopped being Hybrid
-// loses it (its leases released, its keys back at their default share), and
-// the engine of one whose rate or burst changed takes the new values and
-// renews every lease at now.
+// limit that became Hybrid gets a policy, one that stopped being Hybrid
+// loses it (its leases released, its keys forgotten), and the policy of one
+// whose rate or burst changed takes the new values and renews every lease
+// at now.
 func (l *Limiter) reconcile(now time.Time, n int, b *batch) *limitSet {
 	set := l.set.Load()
 	if set != l.seen {
 		for _, e := range l.seen.order {
 			if cur := set.byName[e.Name]; cur == nil || cur.limitState != e.limitState {
-				l.retire(n, e, b)
+				l.retire(e, b)
 			}
 		}
 		l.seen = set
 	}
 	for _, e := range set.order {
 		if e.applied != e.Limit {
-			l.apply(now, n, e, b)
+			l.apply(now, e, b)
 		}
 	}
 	return set
 }
 
 // apply puts e's Limit in force in the loop's state of e.
-func (l *Limiter) apply(now time.Time, n int, e *limitEntry, b *batch) {
+func (l *Limiter) apply(now time.Time, e *limitEntry, b *batch) {
 	was := e.applied
 	e.applied = e.Limit
 	switch {
-	case e.Mode != Hybrid && e.eng != nil:
-		b.add(e, e.eng.drop(now, n, b.calls[:0]))
-		e.eng = nil
-		e.failing.Store(0)
-		e.m.leasedRate.Set(0)
-		e.m.contendedKeys.Set(0)
-	case e.Mode == Hybrid && e.eng == nil:
-		e.eng = newEngine(e.Limit, l.members.Name(),
-			timings{tick: l.cfg.Tick, contendedTTL: l.cfg.ContendedTTL, uncontendedTTL: l.cfg.UncontendedTTL, redisTimeout: l.cfg.RedisTimeout},
-			creditShares{Limiter: e.loc, book: &e.credits})
-	case e.Mode == Hybrid && (was.Rate != e.Rate || was.Burst != e.Burst || was.ExactBursts != e.ExactBursts):
-		e.eng.setLimit(e.Rate, e.Burst, e.ExactBursts)
-		e.eng.renewAll(now)
+	case e.Mode != Hybrid && e.pol != nil:
+		l.retire(e, b)
+	case e.Mode == Hybrid && e.pol == nil:
+		e.pol = placement.New(placement.Config{Rate: e.Rate, Burst: e.Burst,
+			Tick: l.cfg.Tick, ContendedTTL: l.cfg.ContendedTTL, UncontendedTTL: l.cfg.UncontendedTTL})
+	case e.Mode == Hybrid && (was.Rate != e.Rate || was.Burst != e.Burst):
+		e.pol.SetLimit(now, e.Rate, e.Burst)
 	}
 }
 
-// retire adds to b the releases of every lease of e, a limit SetLimits
-// removed or one the Limiter closes, and forgets its keys.
-func (l *Limiter) retire(n int, e *limitEntry, b *batch) {
-	if e.eng != nil {
-		b.add(e, e.eng.releaseAll(n, b.calls[:0]))
-		e.eng = nil
+// retire adds to b the releases of every record of e's keys, a limit
+// SetLimits removed or changed from Hybrid, or one the Limiter closes, and
+// forgets its keys.
+func (l *Limiter) retire(e *limitEntry, b *batch) {
+	if e.pol != nil {
+		for i := range e.keys.Shards() {
+			e.stats = e.keys.AppendShardStats(i, e.stats[:0])
+			for j := range e.stats {
+				// A generation newer than any record of the key's (see
+				// placement.Policy.State): the key's mark, or its ask's.
+				o := placement.Out{Kind: placement.Release, Key: e.stats[j].Key, Gen: placement.NextGen(e.stats[j].Mark)}
+				e.keys.SetMark(o.Key, o.Gen)
+				b.asks = append(b.asks, l.leaseAsk(e, &o))
+				b.refs = append(b.refs, ref{ls: e, o: o})
+			}
+		}
+		e.stats = shrink.Slice(e.stats)
+		e.pol = nil
 	}
-	e.failing.Store(0)
+	clear(e.failing)
+	e.failingKeys.Store(0)
 	e.m.leasedRate.Set(0)
+	e.m.contendedKeys.Set(0)
 	// Every key is idle as seen from this far ahead.
-	e.loc.EvictIdle(time.Now().Add(math.MaxInt64), 0, nil)
+	e.keys.EvictIdle(time.Now().Add(math.MaxInt64), 0, nil)
 }
 
 // evict forgets the keys of ls idle for IdleAfter, adding to b the releases
 // of their leases.
-func (l *Limiter) evict(now time.Time, n int, ls *limitEntry, b *batch) {
-	b.evicted = ls.loc.EvictIdle(now, l.cfg.IdleAfter, b.evicted[:0])
+func (l *Limiter) evict(now time.Time, ls *limitEntry, b *batch) {
+	b.evicted = ls.keys.EvictIdle(now, l.cfg.IdleAfter, b.evicted[:0])
 	for _, k := range b.evicted {
-		var failing bool
-		if b.calls, failing = ls.eng.evict(k, n, b.calls[:0]); failing {
-			ls.failing.Add(-1)
-		}
-		b.add(ls, b.calls)
+		b.outs = ls.pol.Forget(k, b.outs[:0])
+		l.carryOut(ls, b)
+		l.setFailing(ls, k, false)
 	}
-	ls.eng.compact()
 }
 
-// collect adds to b the lease requests of ls that are due, and updates the
-// limit's gauges.
+// collect adds to b the lease asks and releases of ls that are due, puts
+// the policy's marks in force, and updates the limit's gauges.
 func (l *Limiter) collect(now time.Time, n int, ls *limitEntry, b *batch) {
-	ls.eng.degraded = ls.degraded.Load()
-	ls.eng.startTick(now)
-	var ts tickStats
+	ls.pol.SetDegraded(ls.degraded.Load())
+	var g placement.Gauges
 	// A shard at a time: the snapshot holds one shard's keys, not every
 	// key's, and its buffer stays small.
-	for i := range ls.loc.Shards() {
-		ls.stats = ls.loc.AppendShardStats(i, ls.stats[:0])
-		b.calls = ls.eng.collectKeys(now, n, ls.stats, b.calls[:0], &ts)
-		b.add(ls, b.calls)
-	}
-	if l.msgr != nil && len(ls.eng.asks) > 0 {
-		b.out2.add(l.msgr, ls.Name, ls.eng.asks)
-	}
-	if l.msgr != nil && len(ls.eng.frees) > 0 {
-		b.freed.add(l.msgr, ls.Name, ls.eng.frees)
+	for i := range ls.keys.Shards() {
+		ls.stats = ls.keys.AppendShardStats(i, ls.stats[:0])
+		for j := range ls.stats {
+			st := &ls.stats[j]
+			ps := placement.Stats{Key: st.Key, Asked: st.Attempted, Created: st.Created, LastSeen: st.LastSeen}
+			b.outs = ls.pol.Step(now, n, &ps, b.outs[:0], &g)
+			l.carryOut(ls, b)
+		}
 	}
 	ls.stats = shrink.Slice(ls.stats)
-	ls.m.leasesExpired.Add(float64(ts.expired))
-	ls.m.leasedRate.Set(ts.leased)
-	ls.m.contendedKeys.Set(float64(ts.contended))
+	ls.m.leasesExpired.Add(float64(g.Expired))
+	ls.m.leasedRate.Set(g.Leased)
+	ls.m.contendedKeys.Set(float64(g.Contended))
+}
+
+// carryOut does what the policy of ls returned in b.outs: marks and grants
+// at once, in the keys' local limiters; asks and releases into b, sent at
+// the end of the tick.
+func (l *Limiter) carryOut(ls *limitEntry, b *batch) {
+	for _, o := range b.outs {
+		switch o.Kind {
+		case placement.Mark:
+			ls.keys.SetMark(o.Key, o.Gen)
+		case placement.Assign:
+			ls.keys.Lease(time.Now(), o.Key, local.Share{Limit: rate.Limit(o.Rate), Burst: o.Burst}, o.Until, o.Gen, o.Give)
+		case placement.Ask, placement.Release:
+			b.asks = append(b.asks, l.leaseAsk(ls, &o))
+			b.refs = append(b.refs, ref{ls: ls, o: o})
+		}
+	}
+	b.outs = b.outs[:0]
+}
+
+// leaseAsk is the request to Redis of the ask or release o of ls.
+func (l *Limiter) leaseAsk(ls *limitEntry, o *placement.Out) global.LeaseAsk {
+	return global.LeaseAsk{
+		Limit: ls.Name, Key: o.Key, Instance: l.members.Name(), Gen: o.Gen,
+		Want: o.Want, Release: o.Kind == placement.Release,
+		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1),
+		TTL: max(o.TTL, l.cfg.ContendedTTL), MaxTTL: l.cfg.UncontendedTTL,
+		Running: o.Running, RunningFor: o.RunningFor, Drain: o.Drain,
+	}
 }
 
 // renew sends b, made at sent, in one pipeline and hands the answers to the
-// engines.
+// policies.
 func (l *Limiter) renew(sent time.Time, b *batch) {
-	if cap(b.out) < len(b.reqs) {
-		b.out = make([]global.Lease, len(b.reqs))
+	if cap(b.out) < len(b.asks) {
+		b.out = make([]global.LeaseGrant, len(b.asks))
 	}
-	b.out = b.out[:len(b.reqs)]
+	b.out = b.out[:len(b.asks)]
 	clear(b.out)
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
-	err := l.store.Lease(ctx, b.reqs, b.out)
+	err := l.store.AskLeases(ctx, b.asks, b.out)
 	cancel()
 	l.m.renewal.Observe(time.Since(sent).Seconds())
 	for _, r := range b.refs {
@@ -309,41 +315,50 @@ func (l *Limiter) renew(sent time.Time, b *batch) {
 	}
 	l.health.ok(sent)
 	l.setAllDegraded(false, nil)
-	at := time.Now()
-	for i, r := range b.refs {
-		if r.kind == callRelease && b.out[i].Err == nil {
-			r.ls.m.leasesReleased.Inc()
-		}
-		if r.le == nil || r.ls.eng == nil {
+	for i := range b.refs {
+		r := &b.refs[i]
+		res := &b.out[i]
+		if r.o.Kind == placement.Release {
+			if res.Err == nil {
+				r.ls.m.leasesReleased.Inc()
+			}
 			continue
 		}
-		c := call{req: b.reqs[i], lease: r.le, kind: r.kind}
-		if res := &b.out[i]; res.Err != nil {
+		if r.ls.pol == nil {
+			continue // retired since
+		}
+		if res.Err != nil {
 			r.ls.m.redisErrors.Inc()
-			l.keyFailed(sent, r.ls, &c, redact(res.Err, c.req.Key))
+			r.ls.pol.Failed(sent, &r.o)
+			l.keyFailed(r.ls, r.o.Key, redact(res.Err, r.o.Key))
 			continue
 		}
-		assigned, recovered := r.ls.eng.answered(at, sent, &c, &b.out[i])
-		if recovered {
-			l.keyRecovered(r.ls)
+		l.setFailing(r.ls, r.o.Key, false)
+		g := placement.Grant{Granted: res.Granted, Fair: res.Fair, Contended: res.Contended,
+			Lost: res.Lost, Stale: res.Stale, In: res.In, Drained: res.Drained}
+		b.outs = r.ls.pol.Answer(sent, &r.o, &g, b.outs[:0])
+		for _, o := range b.outs {
+			if o.Kind == placement.Assign {
+				r.ls.m.leasesGranted.Inc()
+			}
 		}
-		if assigned {
-			r.ls.m.leasesGranted.Inc()
-		}
+		l.carryOut(r.ls, b)
 	}
 }
 
 // batchFailed handles a batch that got no answer at all. Each key of it
-// follows its policy once its lease runs out; the limits as a whole degrade
-// only when nothing has answered for a while (see health), so that a batch
-// that happened to hold only keys of one dead Cluster node does not degrade
-// the keys of the live ones. A PING that some node answers says Redis is
-// there.
+// keeps what it runs until its lease ends, then decides exactly; the limits
+// as a whole degrade only when nothing has answered for a while (see
+// health), so that a batch that happened to hold only keys of one dead
+// Cluster node does not degrade the keys of the live ones. A PING that
+// some node answers says Redis is there.
 func (l *Limiter) batchFailed(sent time.Time, b *batch, err error) {
-	for i, r := range b.refs {
+	for i := range b.refs {
+		r := &b.refs[i]
 		r.ls.m.redisErrors.Inc()
-		if r.le != nil && r.ls.eng != nil {
-			l.keyFailed(sent, r.ls, &call{req: b.reqs[i], lease: r.le, kind: r.kind}, err)
+		if r.o.Kind == placement.Ask && r.ls.pol != nil {
+			r.ls.pol.Failed(sent, &r.o)
+			l.keyFailed(r.ls, r.o.Key, err)
 		}
 	}
 	if l.health.silent(sent) && l.ping() == nil {
@@ -354,21 +369,34 @@ func (l *Limiter) batchFailed(sent time.Time, b *batch, err error) {
 	}
 }
 
-// keyFailed records that the request c of ls got no answer, and logs when
+// keyFailed records that an ask for key of ls got no answer, and logs when
 // the limit's first key starts failing.
-func (l *Limiter) keyFailed(sent time.Time, ls *limitEntry, c *call, cause error) {
-	if ls.eng.failed(sent, c) && ls.failing.Add(1) == 1 {
-		l.log.Warn("hybridlimit: lease requests failing for some keys; they follow the outage policy once their leases run out",
+func (l *Limiter) keyFailed(ls *limitEntry, key string, cause error) {
+	if l.setFailing(ls, key, true) && len(ls.failing) == 1 {
+		l.log.Warn("hybridlimit: lease requests failing for some keys; they decide exactly once their leases run out, and follow the outage policy if Redis is down",
 			"limit", ls.Name, "policy", ls.OnOutage.String(), "error", cause)
 	}
 }
 
-// keyRecovered records that a failing key of ls got an answer, and logs
-// when the limit's last failing key recovers.
-func (l *Limiter) keyRecovered(ls *limitEntry) {
-	if ls.failing.Add(-1) == 0 {
-		l.log.Info("hybridlimit: lease requests succeed again for every key", "limit", ls.Name)
+// setFailing records whether key of ls is failing, and reports whether
+// that changed. It logs when the limit's last failing key recovers.
+func (l *Limiter) setFailing(ls *limitEntry, key string, on bool) bool {
+	if _, was := ls.failing[key]; was == on {
+		return false
 	}
+	if on {
+		if ls.failing == nil {
+			ls.failing = make(map[string]struct{})
+		}
+		ls.failing[key] = struct{}{}
+	} else {
+		delete(ls.failing, key)
+		if len(ls.failing) == 0 {
+			l.log.Info("hybridlimit: lease requests succeed again for every key", "limit", ls.Name)
+		}
+	}
+	ls.failingKeys.Store(int64(len(ls.failing)))
+	return true
 }
 
 // setAllDegraded degrades, or restores, every limit that uses Redis; c
@@ -414,25 +442,24 @@ func (l *Limiter) ping() error {
 	return l.store.Ping(ctx)
 }
 
-// releaseAll releases every lease this instance holds in one pipeline and
+// releaseAll releases every lease this instance holds, in pipelines, and
 // forgets every key. It runs after the loop has stopped.
 func (l *Limiter) releaseAll(ctx context.Context) error {
 	var b batch
-	n := l.members.Count()
 	// Limits SetLimits removed or changed since the last tick first.
-	set := l.reconcile(time.Now(), n, &b)
+	set := l.reconcile(time.Now(), l.members.Count(), &b)
 	for _, ls := range set.order {
-		l.retire(n, ls, &b)
+		l.retire(ls, &b)
 	}
-	if len(b.reqs) == 0 {
+	if len(b.asks) == 0 {
 		return nil
 	}
-	b.out = make([]global.Lease, len(b.reqs))
+	b.out = make([]global.LeaseGrant, len(b.asks))
 	// In pipelines of releaseChunk: one pipeline of every key's release
 	// outlasts a client's write timeout when there are very many.
-	for i := 0; i < len(b.reqs); i += releaseChunk {
-		j := min(i+releaseChunk, len(b.reqs))
-		if err := l.store.Lease(ctx, b.reqs[i:j], b.out[i:j]); err != nil {
+	for i := 0; i < len(b.asks); i += releaseChunk {
+		j := min(i+releaseChunk, len(b.asks))
+		if err := l.store.AskLeases(ctx, b.asks[i:j], b.out[i:j]); err != nil {
 			return err
 		}
 		for _, r := range b.refs[i:j] {

@@ -102,10 +102,10 @@ type limitMetrics struct {
 }
 
 // forLimit returns the children of the named limit, whose decisions in
-// process loc counts.
-func (m *metrics) forLimit(name string, loc *local.Limiter) *limitMetrics {
+// process loc and keys count.
+func (m *metrics) forLimit(name string, loc, keys *local.Limiter) *limitMetrics {
 	lm := &limitMetrics{
-		decisions:      m.decisions.add(name, loc),
+		decisions:      m.decisions.add(name, loc, keys),
 		redisCommands:  m.redisCommands.WithLabelValues(name),
 		redisErrors:    m.redisErrors.WithLabelValues(name),
 		leasesGranted:  m.leasesGranted.WithLabelValues(name),
@@ -132,15 +132,15 @@ func (m *metrics) forget(name string) {
 }
 
 // decisionsCollector is hybridlimit_decisions_total. The decisions made in
-// process (Local limits, Hybrid keys in the share and lease placements,
+// process (Local limits, Hybrid keys on a lease,
 // FailLocal) are counted by each limit's local.Limiter, in the shard each
 // decision locks anyway (see local.Tally), and summed here when the
 // metrics are gathered: one counter that every decision increments would
 // be a cache line that every core writes, which costs a parallel decision
 // more than the rest of the counting. The other decisions (exact, Global,
-// the outage policies, n above the burst, credit admitted in process) are
-// counted in decisionCounts.out, an atomic each: they wait on Redis, or
-// happen while it is down, or (credit) take the credit book's lock anyway.
+// the outage policies, n above the burst) are counted in
+// decisionCounts.out, an atomic each: they wait on Redis, or happen while
+// it is down.
 type decisionsCollector struct {
 	desc *prometheus.Desc
 
@@ -151,9 +151,10 @@ type decisionsCollector struct {
 // decisionCounts are the decisions of one limit.
 type decisionCounts struct {
 	name string
-	// loc counts the decisions made in process: Counts.Assigned are those
-	// on a lease (source lease), Counts.Default the others (source local).
-	loc *local.Limiter
+	// loc and keys count the decisions made in process: Counts.Assigned
+	// are those on a lease (source lease), Counts.Default the others
+	// (source local).
+	loc, keys *local.Limiter
 	// out counts the decisions loc does not, by [source][allowed].
 	out [numSources][2]atomic.Uint64
 }
@@ -163,8 +164,8 @@ func (c *decisionCounts) count(src Source, allowed bool) { c.out[src][b2i(allowe
 
 // add starts the counts of the named limit, whose in-process decisions loc
 // counts, replacing any of that name.
-func (dc *decisionsCollector) add(name string, loc *local.Limiter) *decisionCounts {
-	c := &decisionCounts{name: name, loc: loc}
+func (dc *decisionsCollector) add(name string, loc, keys *local.Limiter) *decisionCounts {
+	c := &decisionCounts{name: name, loc: loc, keys: keys}
 	dc.mu.Lock()
 	dc.limits[name] = c
 	dc.mu.Unlock()
@@ -197,11 +198,13 @@ func (dc *decisionsCollector) Collect(ch chan<- prometheus.Metric) {
 		for s := range v {
 			v[s][0], v[s][1] = c.out[s][0].Load(), c.out[s][1].Load()
 		}
-		in := c.loc.Counts()
-		v[SourceLocal][0] += in.DefaultDenied
-		v[SourceLocal][1] += in.DefaultAllowed
-		v[SourceLease][0] += in.AssignedDenied
-		v[SourceLease][1] += in.AssignedAllowed
+		for _, loc := range [2]*local.Limiter{c.loc, c.keys} {
+			in := loc.Counts()
+			v[SourceLocal][0] += in.DefaultDenied
+			v[SourceLocal][1] += in.DefaultAllowed
+			v[SourceLease][0] += in.AssignedDenied
+			v[SourceLease][1] += in.AssignedAllowed
+		}
 		for s := SourceLease; int(s) < numSources; s++ {
 			for allowed, outcome := range [2]string{"denied", "allowed"} {
 				ch <- prometheus.MustNewConstMetric(dc.desc, prometheus.CounterValue, float64(v[s][allowed]), c.name, outcome, s.String())

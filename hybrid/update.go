@@ -111,11 +111,7 @@ func (l *Limiter) change(prev *limitEntry, lim Limit, now time.Time) *limitEntry
 	if lim.Rate != prev.Rate || lim.Burst != prev.Burst {
 		// Cannot fail: lim is valid.
 		_ = e.loc.SetLimit(now, rate.Limit(lim.Rate), lim.Burst)
-	}
-	if lim.Mode != Hybrid && prev.Mode == Hybrid {
-		// New keys start at the default share from now, not marked exact
-		// until the loop's next tick drops the engine.
-		e.loc.SetNewMark(0)
+		_ = e.keys.SetLimit(now, rate.Limit(lim.Rate), lim.Burst)
 	}
 	n, rank := l.place(now)
 	e.loc.SetPlace(now, placeOf(e, n, rank))

@@ -195,8 +195,10 @@ func (rs results) notAboveGlobal(where string) Target {
 			worst, at = x, name(h)
 		}
 		if h.CommandsPerDecision > g.CommandsPerDecision {
-			over = append(over, fmt.Sprintf("%s (%s, global %s per 1000 decisions)",
-				name(h), sig(1000*h.CommandsPerDecision), sig(1000*g.CommandsPerDecision)))
+			// The counts as well as the ratios: near one command per
+			// decision, three digits do not show the difference.
+			over = append(over, fmt.Sprintf("%s (%s commands over %s decisions, global %s over %s)",
+				name(h), human(h.RedisCommands), human(h.Decisions), human(g.RedisCommands), human(g.Decisions)))
 		}
 	}
 	switch {

@@ -110,7 +110,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "short runs: the whole bench in about a minute on 2 cores")
-	fs.BoolVar(&o.sweep, "sweep", false, "run every scenario over a grid of instance counts, rates and bursts, with hybrid, global and local (about 15 minutes on 2 cores with -quick)")
+	fs.BoolVar(&o.sweep, "sweep", false, "run every scenario over a grid of instance counts, rates and bursts, with hybrid, global and local (about 9 minutes on 2 cores with -quick)")
 	fs.BoolVar(&o.embedded, "embedded", false, "run against an in-process Redis (miniredis); figures are not representative")
 	fs.StringVar(&o.redis, "redis", "", "`ADDR` of an existing Redis to use instead of starting one (never flushed; the outage scenario is skipped)")
 	fs.StringVar(&o.json, "json", "", "write the results as JSON to `FILE`")

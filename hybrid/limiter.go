@@ -109,15 +109,17 @@ type limitState struct {
 	m           *limitMetrics
 	count       bool          // count the decisions loc and keys do not: metrics are registered somewhere
 	commands    atomic.Uint64 // Redis commands sent for this limit
-	failingKeys atomic.Int64  // len(failing), for Status
+	failingKeys atomic.Int64  // keys flagged failing at the last tick, for Status
 	// unlogged holds the cause of a degrade made by a decision, whose log
 	// line the loop writes (see explain): a decision does not wait for it.
 	unlogged atomic.Pointer[error]
+	// failCause is why a key's ask or take last failed, for the log line
+	// of the first failing key.
+	failCause atomic.Pointer[error]
 
 	// Owned by the lease loop goroutine, and by Close once it has stopped.
-	pol     *placement.Policy   // nil unless applied.Mode is Hybrid
-	applied Limit               // the Limit pol and the loop follow; zero until the loop first sees the limit
-	failing map[string]struct{} // keys whose last lease ask failed on its own
+	pol     *placement.Policy // nil unless applied.Mode is Hybrid
+	applied Limit             // the Limit pol and the loop follow; zero until the loop first sees the limit
 	stats   []local.KeyStats
 }
 
@@ -382,14 +384,15 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int,
 	ls.keys.AllowNTallyInto(now, key, n, local.TallyAssigned, &r)
 	if r.Mark != 0 {
 		var e Decision
-		if ls.degraded.Load() {
+		if ls.degraded.Load() || (r.Flagged && r.Hold > 0) {
+			// Redis is down, or the node of this key's records is: no
+			// decision waits on it.
 			e = l.outage(ls, key, n, now)
 		} else {
 			var err error
 			if e, err = l.exact(ctx, ls, key, n, &r); err != nil {
 				return err
 			}
-			e = ls.finish(e)
 		}
 		*d = e
 		return nil
@@ -459,15 +462,16 @@ func (ls *limitEntry) shade(d Decision) Decision {
 	return d
 }
 
-// exact decides n tokens of key, in the exact placement, with one
-// script against the key's pool, bounded by RedisTimeout. r is what the
-// key's local limiter said: its mark, the generation the take carries;
-// its hold, the deny cache (a denial that said "nothing until t" is
-// repeated here until t, without asking); and the tokens asked for on the
-// key, which Redis measures the key's demand here by.
+// exact decides n tokens of key, in the exact placement, with one script
+// against the key's pool, bounded by RedisTimeout, and counts the
+// decision. r is what the key's local limiter said: its mark, the
+// generation the take carries; its hold, the deny cache (a denial that
+// said "nothing until t" is repeated here until t, without asking); its
+// flag, set while its takes fail; and the tokens asked for on the key,
+// which Redis measures the key's demand here by.
 func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
 	if r.Hold > 0 {
-		return Decision{RetryAfter: r.Hold, Source: SourceGlobal}, nil
+		return ls.finish(Decision{RetryAfter: r.Hold, Source: SourceGlobal}), nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	t, err := l.store.TakePool(cctx, global.PoolTake{
@@ -486,18 +490,28 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
 		ls.m.redisErrors.Inc()
-		if !global.IsReplyError(err) {
-			// Redis may be gone. The loop checks at its next tick, which
-			// degrades every limit if it is: a limit whose keys are all
-			// exact has no renewal to tell it.
-			l.exactFailed.Store(true)
+		if global.IsReplyError(err) {
+			// WRONGTYPE at this key, NOPERM: about this decision only.
+			// It is denied, which keeps the bound, and so are the key's
+			// next ones for a tick.
+			ls.keys.SetHold(key, r.Mark, now.Add(l.cfg.Tick))
+			return ls.finish(Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}), nil
 		}
-		// Not degraded: this one decision is denied, which keeps the
-		// bound, and so are the key's next ones for a tick, without
-		// waiting on a Redis that may be gone. The outage policy takes
-		// over only when the limit degrades.
-		ls.keys.SetHold(key, r.Mark, now.Add(l.cfg.Tick))
-		return Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}, nil
+		// Redis, or the Cluster node of this key, may be gone. The loop
+		// checks at its next tick, which degrades every limit if Redis
+		// is: a limit whose keys are all exact has no renewal to tell
+		// it. Meanwhile the key follows the outage policy, and tries
+		// Redis again only a renewal period later, so that its
+		// decisions do not all wait on a node that is down.
+		l.exactFailed.Store(true)
+		ls.keys.SetFlag(key, true)
+		ls.keys.SetHold(key, r.Mark, now.Add(l.cfg.ContendedTTL/placement.RenewDivisor))
+		err = redact(err, key)
+		ls.failCause.Store(&err)
+		return l.outage(ls, key, n, now), nil
+	}
+	if r.Flagged {
+		ls.keys.SetFlag(key, false)
 	}
 	var hold time.Duration
 	switch {
@@ -521,7 +535,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if d.RetryAfter == Never {
 		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
-	return d, nil
+	return ls.finish(d), nil
 }
 
 // shadowed is the admission a limit in shadow mode makes of denial d.
@@ -644,10 +658,12 @@ type Status struct {
 	Keys int
 	// LeasedRate is the sum of the rates leased by this instance (Hybrid).
 	LeasedRate float64
-	// FailingKeys is the number of keys whose last lease request failed on
-	// its own (for example because the Redis Cluster node that holds it is
-	// down) while the limit as a whole is not degraded: once their leases
-	// run out they follow OnOutage.
+	// FailingKeys is the number of keys (Hybrid) whose last request to
+	// Redis, a lease ask or an exact decision, failed on its own (for
+	// example because the Redis Cluster node that holds it is down) while
+	// the limit as a whole is not degraded, as of the lease loop's last
+	// tick: once their leases run out they follow OnOutage, and try Redis
+	// again a renewal period apart.
 	FailingKeys int
 	// RedisCommands is the number of Redis commands this instance has sent
 	// for the limit since New (for Hybrid limits, one per lease request of a

@@ -224,7 +224,6 @@ func (l *Limiter) retire(e *limitEntry, b *batch) {
 		e.stats = shrink.Slice(e.stats)
 		e.pol = nil
 	}
-	clear(e.failing)
 	e.failingKeys.Store(0)
 	e.m.leasedRate.Set(0)
 	e.m.contendedKeys.Set(0)
@@ -239,7 +238,6 @@ func (l *Limiter) evict(now time.Time, ls *limitEntry, b *batch) {
 	for _, k := range b.evicted {
 		b.outs = ls.pol.Forget(k, b.outs[:0])
 		l.carryOut(ls, b)
-		l.setFailing(ls, k, false)
 	}
 }
 
@@ -248,18 +246,23 @@ func (l *Limiter) evict(now time.Time, ls *limitEntry, b *batch) {
 func (l *Limiter) collect(now time.Time, n int, ls *limitEntry, b *batch) {
 	ls.pol.SetDegraded(ls.degraded.Load())
 	var g placement.Gauges
+	failing := 0
 	// A shard at a time: the snapshot holds one shard's keys, not every
 	// key's, and its buffer stays small.
 	for i := range ls.keys.Shards() {
 		ls.stats = ls.keys.AppendShardStats(i, ls.stats[:0])
 		for j := range ls.stats {
 			st := &ls.stats[j]
+			if st.Flagged {
+				failing++
+			}
 			ps := placement.Stats{Key: st.Key, Asked: st.Attempted, Created: st.Created, LastSeen: st.LastSeen}
 			b.outs = ls.pol.Step(now, n, &ps, b.outs[:0], &g)
 			l.carryOut(ls, b)
 		}
 	}
 	ls.stats = shrink.Slice(ls.stats)
+	l.countFailing(ls, failing)
 	ls.m.leasesExpired.Add(float64(g.Expired))
 	ls.m.leasedRate.Set(g.Leased)
 	ls.m.contendedKeys.Set(float64(g.Contended))
@@ -330,10 +333,15 @@ func (l *Limiter) renew(sent time.Time, b *batch) {
 		if res.Err != nil {
 			r.ls.m.redisErrors.Inc()
 			r.ls.pol.Failed(sent, &r.o)
-			l.keyFailed(r.ls, r.o.Key, redact(res.Err, r.o.Key))
+			if !global.IsReplyError(res.Err) {
+				// A reply error (WRONGTYPE at the key, NOPERM) is about
+				// this key's requests only, which are denied: not an
+				// outage of it.
+				l.keyFailed(r.ls, r.o.Key, redact(res.Err, r.o.Key))
+			}
 			continue
 		}
-		l.setFailing(r.ls, r.o.Key, false)
+		r.ls.keys.SetFlag(r.o.Key, false)
 		g := placement.Grant{Granted: res.Granted, Fair: res.Fair, Contended: res.Contended,
 			Lost: res.Lost, Stale: res.Stale, In: res.In, Drained: res.Drained}
 		b.outs = r.ls.pol.Answer(sent, &r.o, &g, b.outs[:0])
@@ -369,34 +377,29 @@ func (l *Limiter) batchFailed(sent time.Time, b *batch, err error) {
 	}
 }
 
-// keyFailed records that an ask for key of ls got no answer, and logs when
-// the limit's first key starts failing.
+// keyFailed records that an ask for key of ls got no answer: the key is
+// flagged failing (see Status.FailingKeys), cause kept for the log line.
 func (l *Limiter) keyFailed(ls *limitEntry, key string, cause error) {
-	if l.setFailing(ls, key, true) && len(ls.failing) == 1 {
-		l.log.Warn("hybridlimit: lease requests failing for some keys; they decide exactly once their leases run out, and follow the outage policy if Redis is down",
-			"limit", ls.Name, "policy", ls.OnOutage.String(), "error", cause)
-	}
+	ls.keys.SetFlag(key, true)
+	ls.failCause.Store(&cause)
 }
 
-// setFailing records whether key of ls is failing, and reports whether
-// that changed. It logs when the limit's last failing key recovers.
-func (l *Limiter) setFailing(ls *limitEntry, key string, on bool) bool {
-	if _, was := ls.failing[key]; was == on {
-		return false
-	}
-	if on {
-		if ls.failing == nil {
-			ls.failing = make(map[string]struct{})
+// countFailing puts n, the keys of ls flagged failing at this tick (their
+// last ask or take got no answer while the limit is not degraded), in
+// Status, and logs when the first key starts failing and when the last
+// one recovers.
+func (l *Limiter) countFailing(ls *limitEntry, n int) {
+	switch was := ls.failingKeys.Swap(int64(n)); {
+	case was == 0 && n > 0:
+		var cause error
+		if c := ls.failCause.Load(); c != nil {
+			cause = *c
 		}
-		ls.failing[key] = struct{}{}
-	} else {
-		delete(ls.failing, key)
-		if len(ls.failing) == 0 {
-			l.log.Info("hybridlimit: lease requests succeed again for every key", "limit", ls.Name)
-		}
+		l.log.Warn("hybridlimit: Redis requests failing for some keys; they follow the outage policy once their leases run out",
+			"limit", ls.Name, "policy", ls.OnOutage.String(), "keys", n, "error", cause)
+	case was > 0 && n == 0:
+		l.log.Info("hybridlimit: Redis requests succeed again for every key", "limit", ls.Name)
 	}
-	ls.failingKeys.Store(int64(len(ls.failing)))
-	return true
 }
 
 // setAllDegraded degrades, or restores, every limit that uses Redis; c

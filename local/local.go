@@ -190,6 +190,8 @@ type KeyStats struct {
 	// Lapsed reports whether the key's last assigned share ended without
 	// an Unassign: it runs the smaller of that share and the default.
 	Lapsed bool
+	// Flagged reports the key's flag, see SetFlag.
+	Flagged bool
 }
 
 // Limiter holds the keyed limiters of one limit. It is safe for concurrent
@@ -814,6 +816,7 @@ func (sh *shard) stats(e *entry) KeyStats {
 		Share:     Share{Limit: e.b.limit, Burst: e.b.burst},
 		Denied:    e.denied,
 		Mark:      e.mark,
+		Flagged:   e.flagged,
 		Lapsed:    e.lapsed,
 	}
 }

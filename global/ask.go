@@ -69,15 +69,16 @@ type LeaseAsk struct {
 	// Anything below TTL, zero included, means TTL.
 	MaxTTL time.Duration
 	// Running is the grant in tokens per second that the instance runs now
-	// on the key (0: none), at least 0 and finite, and RunningFor how much
-	// longer it will, at least 0; it is sent rounded up to the microsecond.
-	// The instance learns of this ask's grant only when the answer arrives,
-	// or never if the answer is lost: until RunningFor ends, Redis counts
-	// it at the larger of Running and its new grant, so that what it gives
-	// up is not granted to the others before it stops running it. Running
-	// above 0 with no lease record of the instance in Redis proves that
-	// Redis lost its records (see LeaseGrant.Lost).
-	Running    float64
+	// on the key (0: none), at least 0 and finite. The instance learns of
+	// this ask's grant only when the answer arrives, or never if the answer
+	// is lost: until RunningFor ends, Redis counts it at the larger of
+	// Running and its new grant, so that what it gives up is not granted to
+	// the others before it stops running it. Running above 0 with no lease
+	// record of the instance in Redis proves that Redis lost its records
+	// (see LeaseGrant.Lost).
+	Running float64
+	// RunningFor is how much longer the instance runs Running, at least 0;
+	// it is sent rounded up to the microsecond.
 	RunningFor time.Duration
 	// Drain says the instance comes from the exact placement: with a grant,
 	// the lease's part of the burst (Burst·Granted/Rate, rounded down), or

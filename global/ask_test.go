@@ -183,11 +183,13 @@ func TestRecordKey(t *testing.T) {
 	if got := store.RecordKey("api", "k"); got != "p:v3:{api:k}" {
 		t.Errorf("RecordKey(api, k) = %q", got)
 	}
-	// Keys named by their hash in LeaseKey are named so here too.
-	for _, key := range []string{strings.Repeat("k", global.MaxKeyBytes+1), "a{b}", "#x"} {
-		got, lease := store.RecordKey("api", key), store.LeaseKey("api", key)
-		if got != "p:v3:"+strings.TrimPrefix(lease, "p:") || !strings.Contains(got, "{api:#") {
-			t.Errorf("RecordKey(api, %.20q) = %q beside LeaseKey %q", key, got, lease)
+	// Keys named by their hash in BucketKey are named so here too: the
+	// record and the bucket of a key share one hash tag, and so one slot.
+	for _, key := range []string{"k", strings.Repeat("k", global.MaxKeyBytes+1), "a{b}", "#x"} {
+		got, bucket := store.RecordKey("api", key), store.BucketKey("api", key)
+		tag := strings.TrimSuffix(strings.TrimPrefix(bucket, "p:"), ":tb")
+		if got != "p:v3:"+tag || (key != "k" && !strings.HasPrefix(tag, "{api:#")) {
+			t.Errorf("RecordKey(api, %.20q) = %q beside BucketKey %q", key, got, bucket)
 		}
 	}
 	if global.New(noNetwork{}, "").RecordKey("l", "k") != global.DefaultPrefix+":v3:{l:k}" {

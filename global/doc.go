@@ -1,38 +1,55 @@
-// Package global is the Redis side of hybridlimit: a classic atomic token
-// bucket for limits decided per request in Redis, and rate leases that share
-// one global rate among many instances.
+// Package global is the Redis side of hybridlimit. A Store runs two kinds of
+// Lua scripts:
 //
-// Both run as Lua scripts that read the clock with redis.call('TIME'), so the
-// clocks of the instances never matter, and each script touches exactly one
-// key, so they work on Redis Cluster. Keys carry a TTL and disappear when idle.
+//   - Store.TakeN, the classic atomic token bucket: every decision is one
+//     script in Redis (package hybrid's Global mode). Its key is BucketKey.
+//   - Store.AskLeases and Store.TakePool, the records of placement version 3,
+//     which share one rate among many instances (package hybrid's Hybrid
+//     mode). Their key is RecordKey: one hash per (limit, key) holding every
+//     instance's record of the key and the key's pool.
 //
-// A rate lease says "instance i may admit r tokens/s on this key until t".
-// Store.Lease grants each instance the smaller of its max-min fair share of
-// the rate and what the other live leases leave free; instances holding more
-// than their fair share shrink at their next renewal. A request also says
-// which grant the instance runs until its answer arrives (LeaseRequest.Running),
-// and Redis counts the instance at that one too until it ends, so the sum of
-// what the instances of a key may be running never exceeds its rate, even
-// when an answer is lost after Redis ran the request. Many leases are renewed
-// in one pipelined round trip.
+// Every script reads the clock with redis.call('TIME'), so the instances'
+// clocks never matter, and touches one key, so it runs on Redis Cluster:
+// the bucket and the hash of one (limit, key) share a hash tag, and so a
+// slot. A key longer than MaxKeyBytes, with a brace or starting with "#" is
+// named by its SHA-256. Keys expire once idle.
 //
-// Redis counts every live instance of a key, always: one with a lease at
-// what it may be running, one that decides the key exactly (Store.TakeExact)
-// at the default share it gave the key's pool (for a limit with exact
-// bursts, at the demand its takes measure: see LeaseRequest.ExactBursts),
-// and one with no record at
-// its default share rate/N, which it may run without asking. The pool, a
-// token bucket in the key's lease hash, holds the part of the rate and
-// burst that no lease and no default share holds; exact users take from it
-// one request at a time.
+// # Placement
 //
-// A lease holds the part of the key's burst in proportion to its rate, or,
-// when the request gives the limit's burst (LeaseRequest.Burst), a part of
-// its own that Redis counts as it counts the rate: max-min fair over the
-// parts the instances ask for, never more in all than the burst (see
-// Lease.Burst). An instance light on a key's rate so keeps what its
-// clients' uneven requests need, while a saturated one takes less.
+// Every (instance, key) is either leased, admitting locally at the rate
+// Redis granted it until the lease ends, or exact, running nothing locally
+// and taking each decision from the key's pool. An instance without a
+// record runs nothing.
 //
-// A Store does not decide anything by itself about outages or local quotas;
-// package hybrid composes it with a local limiter and a membership count.
+// AskLeases grants, renews or releases many leases in one pipeline. Each
+// grant is the instance's max-min fair share of the rate over the live
+// wants (an exact user wants its measured demand), capped at what the other
+// leases leave. An ask says what the instance runs until it hears the
+// answer (LeaseAsk.Running), and Redis counts it at that too, so an answer
+// that is lost or late never lets the others grow into a rate still in use.
+//
+// TakePool takes tokens from the key's pool for an exact instance: the pool
+// is a token bucket holding the part of the rate and burst that no lease
+// holds. A fresh key's pool is full, so a client's burst of up to the
+// limit's burst is admitted whole. Callers the pool cannot serve now are
+// given turns, one refill apart, so that waiting instances do not all ask
+// at once.
+//
+// Redis counts every instance at what it may run: what the lease records
+// hold plus the pool never exceed the rate, nor the burst.
+//
+// Each instance numbers its placements of a key with a generation (Gen,
+// 1 to 255, compared modulo 256) bumped at every change of placement. An
+// ask or take sent in a placement the instance has left since is stale: it
+// cannot undo the record of a newer one (LeaseGrant.Stale).
+//
+// If Redis loses its records (FLUSHALL, a failover to an empty replica),
+// the first ask that says it runs a grant Redis has no record of reveals
+// the loss (LeaseGrant.Lost): leases granted before it still run, so until
+// the longest lease (LeaseAsk.MaxTTL) has passed no grant grows beyond what
+// its instance runs, and the pool holds at most Rate/Instances per exact
+// user.
+//
+// A Store decides nothing about outages or local quotas; package hybrid
+// composes it with a local limiter and a membership count.
 package global

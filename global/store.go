@@ -30,19 +30,6 @@ var (
 	//go:embed tokenbucket.lua
 	tokenBucketLua    string
 	tokenBucketScript = redis.NewScript(tokenBucketLua)
-
-	// records.lua holds the helpers of the scripts that read a key's lease
-	// hash; it is prepended to each.
-	//go:embed records.lua
-	recordsLua string
-
-	//go:embed lease.lua
-	leaseLua    string
-	leaseScript = redis.NewScript(recordsLua + "\n" + leaseLua)
-
-	//go:embed exact.lua
-	exactLua    string
-	exactScript = redis.NewScript(recordsLua + "\n" + exactLua)
 )
 
 // Rediser is the part of a go-redis client that a Store uses. *redis.Client,
@@ -59,7 +46,7 @@ var (
 	_ Rediser = redis.UniversalClient(nil)
 )
 
-// Store runs the token bucket and rate lease scripts against Redis. It holds
+// Store runs the token bucket and placement scripts against Redis. It holds
 // no state of its own besides the client and the prefix, and is safe for
 // concurrent use.
 type Store struct {
@@ -85,24 +72,30 @@ func New(rdb Rediser, prefix string) *Store {
 // name. Two different keys share a name only if SHA-256 collides.
 const MaxKeyBytes = 128
 
-// LeaseKey returns the Redis key of the lease hash of (limit, key):
-// "<prefix>:{<limit>:<key>}", with key hashed if it is longer than
-// MaxKeyBytes, holds a brace or starts with "#". The braces are a Redis Cluster hash tag, so the lease hash
-// and the token bucket of one (limit, key) live in one slot. Limit names
-// should not contain ':', or two (limit, key) pairs may share a key.
-func (s *Store) LeaseKey(limit, key string) string {
-	return s.prefix + ":{" + limit + ":" + keyName(key) + "}"
-}
-
 // RecordKey returns the Redis key of the placement hash of (limit, key), in
 // which Store.AskLeases and Store.TakePool keep every instance's record of
-// the key and the key's pool: "<prefix>:v3:{<limit>:<key>}", with key named
-// as in LeaseKey. The "v3" keeps these records apart from those of
-// Store.Lease and Store.TakeExact, so that instances of either protocol
-// never read the other's. The braces are a Redis Cluster hash tag, the
-// same as LeaseKey's: all the keys of one (limit, key) live in one slot.
+// the key and the key's pool: "<prefix>:v3:{<limit>:<key>}", with key
+// hashed if it is longer than MaxKeyBytes, holds a brace or starts with
+// "#". The braces are a Redis Cluster hash tag, the same as BucketKey's:
+// all the keys of one (limit, key) live in one slot. The "v3" names the
+// version of the placement protocol, so that records of another version
+// are never read as these. Limit names should not contain ':', or two
+// (limit, key) pairs may share a key.
 func (s *Store) RecordKey(limit, key string) string {
-	return s.prefix + ":v3:{" + limit + ":" + keyName(key) + "}"
+	return s.prefix + ":v3:" + hashTag(limit, key)
+}
+
+// BucketKey returns the Redis key of the token bucket of (limit, key), the
+// one Store.TakeN runs: "<prefix>:{<limit>:<key>}:tb", with key named as in
+// RecordKey.
+func (s *Store) BucketKey(limit, key string) string {
+	return s.prefix + ":" + hashTag(limit, key) + ":tb"
+}
+
+// hashTag is "{<limit>:<key>}", the Redis Cluster hash tag of every key of
+// (limit, key), with key named as keyName does.
+func hashTag(limit, key string) string {
+	return "{" + limit + ":" + keyName(key) + "}"
 }
 
 // keyName is key as it appears in Redis key names, see MaxKeyBytes.
@@ -112,12 +105,6 @@ func keyName(key string) string {
 	}
 	sum := sha256.Sum256([]byte(key))
 	return "#" + hex.EncodeToString(sum[:])
-}
-
-// BucketKey returns the Redis key of the token bucket of (limit, key):
-// LeaseKey(limit, key) followed by ":tb".
-func (s *Store) BucketKey(limit, key string) string {
-	return s.LeaseKey(limit, key) + ":tb"
 }
 
 // formatFloat formats f so that Lua's tonumber reads it back exactly.

@@ -104,12 +104,11 @@ func (r *PoolTake) validate() error {
 // caller's own included when the take keeps it; while Redis has lost
 // records (see LeaseGrant.Lost), at most X/Instances, X being the exact
 // users, the caller counted as one unless the take keeps its lease. It
-// refills at its rate up to its
-// burst; a pool that does not exist yet is full, so a client's burst of up
-// to Burst on a fresh key is admitted whole. The Take reports both
-// (Take.PoolRate, Take.PoolBurst); RetryAfter is Never when r.N exceeds
-// the pool's burst or its rate is 0, so the caller may ask again once the
-// leases have shrunk. Take.Credit is always 0.
+// refills at its rate up to its burst; a pool that does not exist yet is
+// full, so a client's burst of up to Burst on a fresh key is admitted
+// whole. The Take reports both (Take.PoolRate, Take.PoolBurst); RetryAfter
+// is Never when r.N exceeds the pool's burst or its rate is 0, so the
+// caller may ask again once the leases have shrunk.
 //
 // Callers the pool cannot serve at once are given turns: a denial's
 // RetryAfter, and an admission's Turn when it left the pool less than one

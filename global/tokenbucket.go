@@ -12,31 +12,28 @@ import (
 // into an admission: math.MaxInt64, about 292 years.
 const Never = time.Duration(math.MaxInt64)
 
-// Take is the outcome of TakeN or TakeExact. A denial is a value, not an
+// Take is the outcome of TakeN or TakePool. A denial is a value, not an
 // error.
 type Take struct {
 	// Allowed reports whether the n tokens were taken.
 	Allowed bool
 	// Remaining is the number of whole tokens left in the bucket (for
-	// TakeExact, the pool) after the call.
+	// TakePool, the pool) after the call.
 	Remaining int64
 	// RetryAfter is 0 when Allowed; otherwise the time until n tokens will be
-	// in the bucket if nobody else takes any. It is Never when n tokens can
-	// never be there: n exceeds the burst (for TakeExact, the pool's burst
-	// as it is now, or its rate is 0).
+	// in the bucket if nobody else takes any (for TakePool, the caller's
+	// turn, see TakePool). It is Never when n tokens can never be there: n
+	// exceeds the burst (for TakePool, the pool's burst as it is now, or
+	// the pool's rate is 0).
 	RetryAfter time.Duration
-	// PoolRate and PoolBurst are, for TakeExact, the rate in tokens per
+	// PoolRate and PoolBurst are, for TakePool, the rate in tokens per
 	// second and the capacity in tokens of the key's pool as this call
 	// computed them; zero for TakeN.
 	PoolRate, PoolBurst float64
-	// Turn is, for an admission by TakeExact that left the pool less than
-	// one token, how long until this caller's turn to
-	// take again (see TakeExact); zero otherwise, and always for TakeN.
+	// Turn is, for an admission by TakePool that left the pool less than
+	// one token, how long until this caller's turn to take again (see
+	// TakePool); zero otherwise, and always for TakeN.
 	Turn time.Duration
-	// Credit is, for TakeExact, the number of tokens handed to the caller
-	// beyond the n it took, which it may admit locally until the request's
-	// CreditTTL has passed (see ExactRequest.Credit); zero for TakeN.
-	Credit int
 }
 
 // TakeN runs the classic atomic token bucket of (limit, key) in Redis: it

@@ -77,16 +77,16 @@ func TestBadCallsAreErrors(t *testing.T) {
 }
 
 // TestRedisErrorsAreDecisions: a value of the wrong type at our key, and a
-// Redis user that may not run scripts, make decisions follow the policy (or
-// the default share), never errors or panics, and leave the limit's other
-// keys and Redis itself alone.
+// Redis user that may not run scripts, make decisions denials (or the
+// policy of a Global limit), never errors or panics, and leave the limit's
+// other keys and Redis itself alone.
 func TestRedisErrorsAreDecisions(t *testing.T) {
 	t.Run("WRONGTYPE", func(t *testing.T) {
 		srv := redistest.Start(t)
 		rdb := srv.Client(t)
 		store := global.New(rdb, "hybridlimit")
 		ctx := context.Background()
-		for _, k := range []string{store.BucketKey("g", "bad"), store.LeaseKey("h", "bad")} {
+		for _, k := range []string{store.BucketKey("g", "bad"), store.RecordKey("h", "bad")} {
 			if err := rdb.Set(ctx, k, "not ours", 0).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -102,23 +102,20 @@ func TestRedisErrorsAreDecisions(t *testing.T) {
 		if d, err := l.Allow(ctx, "g", "good"); err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal {
 			t.Errorf("Global at a good key after a WRONGTYPE: %+v, %v", d, err)
 		}
-		// Version 2: a Hybrid key asks Redis only once its default share
-		// denied a request, so both keys go past it. The bad key's requests
-		// fail while Redis answers: it stays on its local share, which Redis
-		// counts, and only a degraded limit would follow FailClosed.
-		eventually(t, 5*time.Second, "the Hybrid key at a WRONGTYPE value fails and stays local, the good one leases", func() bool {
-			bad := pastShare(t, l, "h", "bad", 10)
-			good := pastShare(t, l, "h", "good", 10)
-			st, _ := l.Status("h")
-			return st.FailingKeys == 1 && bad.Source == hybrid.SourceLocal && good.Source == hybrid.SourceLease
+		// A Hybrid key decides exactly first: the bad key's takes and
+		// lease asks get reply errors while Redis answers, and its
+		// decisions are denials (not the outage policy: Redis is up, and
+		// nothing local runs that Redis does not count). The good key
+		// leases.
+		eventually(t, 5*time.Second, "the Hybrid key at a WRONGTYPE value is denied, the good one leases", func() bool {
+			bad := warmKey(t, l, "h", "bad", 10)
+			good := warmKey(t, l, "h", "good", 10)
+			return !bad.Allowed && bad.Source == hybrid.SourceGlobal && good.Source == hybrid.SourceLease
 		})
-		if st, _ := l.Status("h"); st.Degraded || st.FailingKeys != 1 {
-			t.Errorf("status %+v: want the limit normal with one failing key", st)
+		if st, _ := l.Status("h"); st.Degraded {
+			t.Errorf("status %+v: want the limit normal", st)
 		}
-		if d := pastShare(t, l, "h", "bad", 10); d.Source != hybrid.SourceLocal {
-			t.Errorf("the failing Hybrid key: %+v; want its local share, not the outage policy", d)
-		}
-		if v, err := rdb.Get(ctx, store.LeaseKey("h", "bad")).Result(); err != nil || v != "not ours" {
+		if v, err := rdb.Get(ctx, store.RecordKey("h", "bad")).Result(); err != nil || v != "not ours" {
 			t.Errorf("the value at our key was changed: %q, %v", v, err)
 		}
 	})
@@ -144,15 +141,14 @@ func TestRedisErrorsAreDecisions(t *testing.T) {
 		if d, err := l.Allow(ctx, "g", "k"); err != nil || d.Source != hybrid.SourceFailOpen || !d.Allowed {
 			t.Errorf("Global without scripting: %+v, %v; want FailOpen", d, err)
 		}
-		// Version 2: the Hybrid key asks for a lease once past its default
-		// share; its requests fail while Redis answers PING, so it stays on
-		// that share (which Redis counts): only a degraded limit follows
-		// FailOpen, and the limit does not degrade.
-		eventually(t, 5*time.Second, "the Hybrid key's requests fail and it stays on its share", func() bool {
-			d := pastShare(t, l, "h", "k", 10)
-			st, _ := l.Status("h")
-			return st.FailingKeys == 1 && d.Source == hybrid.SourceLocal
-		})
+		// The Hybrid key's takes and asks fail while Redis answers PING:
+		// its decisions are denials, which keep the bound; only a degraded
+		// limit follows FailOpen, and the limit does not degrade.
+		for range 20 {
+			if d := warmKey(t, l, "h", "k", 10); d.Allowed || d.Source != hybrid.SourceGlobal {
+				t.Fatalf("Hybrid without scripting: %+v; want a denial in Redis", d)
+			}
+		}
 		if st, _ := l.Status("h"); st.Degraded {
 			t.Errorf("status %+v: want the limit normal: Redis answers", st)
 		}
@@ -208,7 +204,7 @@ func TestACLUser(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	if err := srv.Client(t).Do(ctx, "ACL", "SETUSER", "limiter", "on", ">pw", "~hybridlimit:*", "+@connection", "+eval", "+evalsha",
-		"+time", "+hgetall", "+hmget", "+hset", "+hdel", "+pexpire", "+pttl", "+del").Err(); err != nil {
+		"+time", "+hgetall", "+hmget", "+hset", "+hdel", "+pexpire", "+pexpireat", "+pttl", "+del").Err(); err != nil {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: "pw"})
@@ -216,20 +212,19 @@ func TestACLUser(t *testing.T) {
 	l := newLimiter(t, hybrid.Config{Redis: rdb, Limits: []hybrid.Limit{
 		{Name: "g", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
 		{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
-		{Name: "x", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed, ExactBursts: true},
 	}})
 	if d, err := l.Allow(ctx, "g", "k"); err != nil || d.Source != hybrid.SourceGlobal || !d.Allowed {
 		t.Errorf("Global as a restricted ACL user: %+v, %v", d, err)
 	}
-	// Exact bursts: the first decisions are exact ones, against the pool.
+	// A key's first decisions are exact ones, against its pool.
 	for range 10 {
-		if d, err := l.Allow(ctx, "x", "k"); err != nil || d.Source != hybrid.SourceGlobal || !d.Allowed {
+		if d, err := l.Allow(ctx, "h", "k"); err != nil || d.Source != hybrid.SourceGlobal || !d.Allowed {
 			t.Fatalf("an exact decision as a restricted ACL user: %+v, %v", d, err)
 		}
 	}
-	// A key asks for a lease once its default share denied a request.
+	// A busy key leases.
 	eventually(t, 5*time.Second, "a lease as a restricted ACL user", func() bool {
-		return pastShare(t, l, "h", "k", 10).Source == hybrid.SourceLease
+		return warmKey(t, l, "h", "k", 10).Source == hybrid.SourceLease
 	})
 	if st, _ := l.Status("h"); st.FailingKeys != 0 || st.Degraded {
 		t.Errorf("status %+v: want no failing key", st)
@@ -278,10 +273,6 @@ func TestLogsNeverCarryAKey(t *testing.T) {
 	const secret = "user-4711-secret"
 	odd := secret + "\"\\\x00\xff\xfe\n"
 	ctx := context.Background()
-	store := global.New(rdb, "hybridlimit")
-	if err := rdb.Set(ctx, store.LeaseKey("h", odd), "x", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	l := newLimiter(t, hybrid.Config{Redis: rdb, Members: members,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Limits: []hybrid.Limit{
@@ -295,14 +286,11 @@ func TestLogsNeverCarryAKey(t *testing.T) {
 		}
 	}
 	allow("h", secret)
-	// The odd key asks for a lease (and fails) once its default share
-	// denied a request.
-	eventually(t, 5*time.Second, "the failing key is logged", func() bool {
-		pastShare(t, l, "h", odd, 10)
-		return strings.Contains(logs.Tail(1<<20), "failing")
-	})
 	members.Set(3)
 	srv.Kill(t)
+	// The odd key's exact take fails, naming the key in its error: the
+	// key is logged as failing, then the limit as degraded.
+	allow("h", odd)
 	allow("g", odd)
 	eventually(t, 5*time.Second, "the outage is logged", func() bool {
 		allow("h", secret)
@@ -323,22 +311,30 @@ func TestLogsNeverCarryAKey(t *testing.T) {
 }
 
 // TestCostAboveTheShareOfTheBurstIsNotNever: a Hybrid request of n tokens,
-// n within the limit's burst but above this instance's part of it, is
-// denied with a wait of a renewal, not Never: that part follows the key's
-// lease, which may grow. (Never would tell clients not to retry, and the
-// Middleware would state no Retry-After.) Only n above the whole burst is
-// never admitted.
+// n within the limit's burst but above the part of it the key's lease
+// holds here, is denied with a wait of a renewal, not Never: that part
+// follows the key's lease, which may grow. (Never would tell clients not to
+// retry, and the Middleware would state no Retry-After.) Only n above the
+// whole burst is never admitted.
 func TestCostAboveTheShareOfTheBurstIsNotNever(t *testing.T) {
 	srv := redistest.Start(t)
-	l := newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Members: membership.NewStatic("a", 4), Limits: []hybrid.Limit{
-		{Name: "api", Rate: 100, Burst: 8, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
-	}})
+	// Three busy instances lease a third each: 2 tokens of the burst of 8.
+	inst := cluster(t, srv, 3, nil, hybrid.Limit{Name: "api", Rate: 100, Burst: 8, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
 	ctx := context.Background()
-	d, err := l.AllowN(ctx, "api", "k", 4) // the default share's burst is 8/4 = 2
+	eventually(t, 10*time.Second, "every instance on a lease of a third", func() bool {
+		all := true
+		for _, l := range inst {
+			d := warmKey(t, l, "api", "k", 8)
+			st, _ := l.Status("api")
+			all = all && d.Source == hybrid.SourceLease && st.LeasedRate < 40
+		}
+		return all
+	})
+	d, err := inst[0].AllowN(ctx, "api", "k", 4)
 	if err != nil || d.Allowed || d.RetryAfter == hybrid.Never || d.RetryAfter <= 0 || d.RetryAfter > time.Second {
-		t.Errorf("AllowN(4) with a share of 2 of a burst of 8: %+v, %v; want a denial to look again within a renewal", d, err)
+		t.Errorf("AllowN(4) on a lease holding 2 of a burst of 8: %+v, %v; want a denial to look again within a renewal", d, err)
 	}
-	if d, err := l.AllowN(ctx, "api", "k", 9); !errors.Is(err, hybrid.ErrExceedsBurst) || d.RetryAfter != hybrid.Never {
+	if d, err := inst[0].AllowN(ctx, "api", "k", 9); !errors.Is(err, hybrid.ErrExceedsBurst) || d.RetryAfter != hybrid.Never {
 		t.Errorf("AllowN(9) with a burst of 8: %+v, %v; want Never and ErrExceedsBurst", d, err)
 	}
 }

@@ -106,11 +106,12 @@ func TestRedisCluster(t *testing.T) {
 }
 
 // TestRedisClusterMasterDown kills one master of three: the keys on its
-// slots, whose lease requests fail while the other masters answer, go back
-// to their local share once their leases run out, whatever their limit's
-// outage policy (version 2: Redis still answers, so no limit degrades, and
-// a key that holds no record is counted at that share); the keys on the
-// other masters keep leasing; the master back, they recover.
+// slots, whose requests fail while the other masters answer, follow their
+// limit's outage policy once their leases run out (no limit degrades: the
+// others answer), trying Redis again a renewal period apart, so that a
+// decision waits on the dead master at most a client timeout, and few do;
+// the keys on the other masters keep leasing; the master back, they
+// recover.
 func TestRedisClusterMasterDown(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	const instances = 2
@@ -119,10 +120,9 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	var limits []hybrid.Limit
 	for _, name := range names {
 		// Each instance sends every key several hundred requests a second,
-		// well past its default share of 50/s, so that every key leases
-		// (version 2: a key within its share never asks), and stays heavy
-		// enough on its contended grant (fair 50/s, a burst of 10) to keep
-		// a lease rather than move to the exact placement.
+		// so that every key leases, and stays heavy enough on its
+		// contended grant (fair 50/s, a burst of 10) to keep a lease
+		// rather than move to the exact placement.
 		limits = append(limits, hybrid.Limit{Name: name, Rate: 100, Burst: 20, Mode: hybrid.Hybrid, OnOutage: policies[name]})
 	}
 	inst := make([]*hybrid.Limiter, instances)
@@ -140,7 +140,7 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	owner := map[lk]int{}
 	for _, name := range names {
 		for _, k := range ks {
-			slot, err := admin.ClusterKeySlot(context.Background(), store.LeaseKey(name, k)).Result()
+			slot, err := admin.ClusterKeySlot(context.Background(), store.RecordKey(name, k)).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,6 +164,7 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	var mu sync.Mutex
 	latest := map[lk]hybrid.Source{}
 	slow, wrong := 0, 0
+	var slowest time.Duration
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, l := range inst {
@@ -185,13 +186,16 @@ func TestRedisClusterMasterDown(t *testing.T) {
 				if err == nil {
 					latest[lk{name, k}] = d.Source
 					// No limit degrades: the other masters answer.
-					if d.Source == hybrid.SourceFailOpen || d.Source == hybrid.SourceFailClosed {
+					if (d.Source == hybrid.SourceFailOpen || d.Source == hybrid.SourceFailClosed) && owner[lk{name, k}] != victim {
 						wrong++
 					}
 				}
-				if took > 100*time.Millisecond {
+				// The clients' timeouts are 200 ms: a dial, and a
+				// command, to the dead master.
+				if took > time.Second {
 					slow++
 				}
+				slowest = max(slowest, took)
 				mu.Unlock()
 				if i%(len(ks)*len(names)) == 0 {
 					time.Sleep(time.Millisecond) // pace the load; waits for nothing
@@ -201,8 +205,9 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	}
 	defer func() { close(stop); wg.Wait() }()
 
-	// state reports whether every key on master down decides on its local
-	// share and every other key on a lease.
+	// state reports whether every key on master down follows its limit's
+	// outage policy and every other key decides on a lease.
+	policy := map[string]hybrid.Source{"local": hybrid.SourceLocal, "open": hybrid.SourceFailOpen, "closed": hybrid.SourceFailClosed}
 	state := func(down int) bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -210,7 +215,7 @@ func TestRedisClusterMasterDown(t *testing.T) {
 			for _, k := range ks {
 				w := hybrid.SourceLease
 				if owner[lk{name, k}] == down {
-					w = hybrid.SourceLocal
+					w = policy[name]
 				}
 				if latest[lk{name, k}] != w {
 					return false
@@ -222,10 +227,10 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	eventually(t, 5*time.Second, "every key on a lease", func() bool { return state(-1) })
 	cl.Masters[victim].Kill(t)
 	killed := time.Now()
-	eventually(t, 10*time.Second, "keys of the dead master decide on their local share, the others keep leasing", func() bool {
+	eventually(t, 10*time.Second, "keys of the dead master follow their policy, the others keep leasing", func() bool {
 		return state(victim)
 	})
-	t.Logf("keys of the dead master on their local share after %v", time.Since(killed).Round(time.Millisecond))
+	t.Logf("keys of the dead master on their policy after %v", time.Since(killed).Round(time.Millisecond))
 	for _, l := range inst {
 		for _, name := range names {
 			st, _ := l.Status(name)
@@ -240,10 +245,11 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	t.Logf("leases back %v after the master restarted", time.Since(back).Round(time.Millisecond))
 	mu.Lock()
 	defer mu.Unlock()
+	t.Logf("the slowest decision took %v", slowest.Round(time.Millisecond))
 	if slow != 0 {
-		t.Errorf("%d decisions took over 100ms", slow)
+		t.Errorf("%d decisions took over 1s", slow)
 	}
 	if wrong != 0 {
-		t.Errorf("%d decisions by an outage policy while most masters answered", wrong)
+		t.Errorf("%d decisions of keys on live masters by an outage policy", wrong)
 	}
 }

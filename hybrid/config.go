@@ -101,10 +101,11 @@ type Source int
 const (
 	// SourceLease: the key's leased share of a Hybrid limit.
 	SourceLease Source = iota + 1
-	// SourceLocal: the local quota, rate/N (Local mode, a Hybrid key before
-	// its first lease, or the FailLocal policy).
+	// SourceLocal: the local quota, rate/N (Local mode, or the FailLocal
+	// policy).
 	SourceLocal
-	// SourceGlobal: the Redis token bucket of a Global limit.
+	// SourceGlobal: Redis, one script for the decision: the token bucket
+	// of a Global limit, or the pool of a Hybrid key decided exactly.
 	SourceGlobal
 	// SourceFailOpen: the FailOpen policy, Redis being unreachable.
 	SourceFailOpen
@@ -176,23 +177,6 @@ type Limit struct {
 	// watch what a new or changed limit would do before enforcing it. False,
 	// the zero value, enforces the limit.
 	Shadow bool `json:",omitempty"`
-	// ExactBursts (Hybrid limits only) admits a client's burst of up to
-	// Burst requests whole, wherever it lands: the first decisions of a key
-	// on an instance are exact ones (one script against the key's pool in
-	// Redis), and the key moves to a lease when its traffic there is heavy
-	// or steady, deciding exactly until the lease is in force. An allowed
-	// exact decision may bring a few tokens of credit from a pool at least
-	// half full (at most this instance's part of Burst, for 2 s), which
-	// later decisions admit in process; the pool and the credits together
-	// never hold more than Burst. False, the zero value, splits bursts: keys start at their default
-	// share with no Redis at all, and a burst on a fresh key is cut at this
-	// instance's part of Burst until the other instances yield theirs. See
-	// the README for measured figures of both. A limit whose Burst is below
-	// the instance count needs exact bursts: split, the parts of a key's
-	// burst sum to Burst, so some instance holds no token of it and decides
-	// its requests in Redis against a pool that may hold none (the Limiter
-	// logs a warning when that comes to pass).
-	ExactBursts bool `json:",omitempty"`
 }
 
 // Config configures a Limiter. Every field says what its zero value means.
@@ -209,15 +193,16 @@ type Config struct {
 	Redis global.Rediser
 	// Members reports the live instance count N and this instance's name.
 	// Nil means a single instance (membership.NewStatic with a random
-	// name). If it implements io.Closer, Close closes it (leaving the
+	// name). Any Counter works: Hybrid placement needs no messages between
+	// instances. If it implements io.Closer, Close closes it (leaving the
 	// cluster), after the Limiter has stopped deciding and released its
 	// records. If it is a membership.Roster (membership.Memberlist and
 	// membership.Static are), an instance that leaves gracefully stops
 	// counting in N-hat at once (see PeakWindow and Limiter.Close), and the
-	// instances rank themselves by their names, so that the default shares
-	// hand out the burst's remainder by rank and sum to exactly each
-	// limit's burst; without one, each instance's default burst is burst/N
-	// rounded down.
+	// instances rank themselves by their names, so that the local quotas
+	// (Local mode, FailLocal) hand out the burst's remainder by rank and
+	// sum to exactly each limit's burst; without one, each instance's
+	// quota burst is burst/N rounded down.
 	Members membership.Counter
 	// Limits are the limits the Limiter starts with, with unique names. At
 	// least one is required. Limiter.SetLimits replaces them while it runs.
@@ -226,12 +211,12 @@ type Config struct {
 	Prefix string
 	// Tick is the lease loop's period. Zero means 50ms.
 	Tick time.Duration
-	// ContendedTTL is the lease lifetime of a contended key (one whose
-	// instances want more than its rate together). Leases renew at half
-	// their lifetime. Zero means 600ms.
+	// ContendedTTL is the lifetime of a new lease, and of one whose share
+	// still moves; a lease renews at half its lifetime. Zero means 600ms.
 	ContendedTTL time.Duration
-	// UncontendedTTL is the lease lifetime of an uncontended key. Zero
-	// means 5s.
+	// UncontendedTTL is the lifetime a settled lease grows to (see package
+	// hybrid/placement). A leased key without decisions for half of it
+	// goes back to exact decisions and releases its lease. Zero means 5s.
 	UncontendedTTL time.Duration
 	// RedisTimeout bounds every call to Redis. Zero means a quarter of
 	// ContendedTTL. It must be below ContendedTTL.
@@ -239,12 +224,11 @@ type Config struct {
 	// IdleAfter is how long a key may go without decisions before its
 	// lease is released and it is forgotten. Zero means 30s.
 	IdleAfter time.Duration
-	// PeakWindow is how long an instance count is remembered. Default
-	// shares, FailLocal's included, and Redis's count of the instances
-	// without a record of a key use N-hat, the largest count seen within
-	// PeakWindow, so that an instance that seems to fail (a crash, a false
-	// verdict of failure detection, a gossip partition, while Redis is up
-	// or down) stays counted at its default share for PeakWindow: it may
+	// PeakWindow is how long an instance count is remembered. The local
+	// quotas (Local mode, FailLocal) and the fair shares of Hybrid leases
+	// use N-hat, the largest count seen within PeakWindow, so that an
+	// instance that seems to fail (a crash, a false verdict of failure
+	// detection, a gossip partition) stays counted for PeakWindow: it may
 	// still be deciding. An instance that leaves gracefully (its Limiter
 	// closed, then its Members, see Limiter.Close) is dropped from N-hat
 	// at once when Members is a membership.Roster. Zero means 1 minute.
@@ -383,9 +367,6 @@ func (l Limit) validate(i int) error {
 		return fmt.Errorf("%w: limit %q: Mode is unset: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name)
 	default:
 		return fmt.Errorf("%w: limit %q: unknown %v: choose hybrid.Local, hybrid.Global or hybrid.Hybrid", ErrConfig, l.Name, l.Mode)
-	}
-	if l.ExactBursts && l.Mode != Hybrid {
-		return fmt.Errorf("%w: limit %q: ExactBursts applies to Hybrid limits only (Mode is %v)", ErrConfig, l.Name, l.Mode)
 	}
 	switch l.OnOutage {
 	case FailLocal, FailOpen, FailClosed:

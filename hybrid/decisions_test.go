@@ -70,7 +70,7 @@ func TestDecisionsCountedExactly(t *testing.T) {
 		{Name: "h", Rate: 200, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen},
 		{Name: "l", Rate: 200, Burst: 10, Mode: hybrid.Local, OnOutage: hybrid.FailClosed},
 		{Name: "g", Rate: 200, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailLocal},
-		{Name: "x", Rate: 200, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed, ExactBursts: true},
+		{Name: "x", Rate: 200, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
 	}
 	l := newLimiter(t, hybrid.Config{
 		Redis: fastClient(t, srv), Registerer: reg,
@@ -212,8 +212,8 @@ func TestDecisionsCountedExactly(t *testing.T) {
 }
 
 // TestDecisionsInProcessDoNotAllocate: with metrics registered, a decision
-// made in process (a Local limit, a Hybrid key in the share placement) on
-// an existing key allocates nothing, counting included.
+// made in process (a Local limit, a Hybrid key on a lease) on an existing
+// key allocates nothing, counting included.
 func TestDecisionsInProcessDoNotAllocate(t *testing.T) {
 	srv := redistest.Start(t)
 	l := newLimiter(t, hybrid.Config{
@@ -226,26 +226,27 @@ func TestDecisionsInProcessDoNotAllocate(t *testing.T) {
 	})
 	ctx := context.Background()
 	for _, limit := range []string{"l", "h"} {
-		if _, err := l.Allow(ctx, limit, "key"); err != nil { // create the key
-			t.Fatal(err)
-		}
+		want := map[string]hybrid.Source{"l": hybrid.SourceLocal, "h": hybrid.SourceLease}[limit]
+		eventually(t, 5*time.Second, "the key decided in process", func() bool {
+			return warmKey(t, l, limit, "key", 10).Source == want
+		})
 		var d hybrid.Decision
 		allocs := testing.AllocsPerRun(10_000, func() { d, _ = l.Allow(ctx, limit, "key") })
-		if allocs != 0 || !d.Allowed || d.Source != hybrid.SourceLocal {
-			t.Errorf("limit %s: %v allocations per decision, last %+v; want 0, allowed locally", limit, allocs, d)
+		if allocs != 0 || !d.Allowed || d.Source != want {
+			t.Errorf("limit %s: %v allocations per decision, last %+v; want 0, allowed by %v", limit, allocs, d, want)
 		}
 	}
 }
 
-// TestDecisionsCountedWhileLeavingHybrid: a limit with exact bursts turned
-// Local keeps its keys marked exact until the loop's next tick; a decision
-// on such a key in between is a counted local denial that says to look
-// again after a tick, and a key new since the change starts at its
-// default share, not marked.
-func TestDecisionsCountedWhileLeavingHybrid(t *testing.T) {
+// TestDecisionsCountedAcrossModeChanges: a Hybrid limit turned Local
+// decides at once by its local quota, and turned Hybrid again decides its
+// keys exactly at once, before the loop's next tick: no key of a Hybrid
+// limit ever decides locally without a grant Redis counts. Every decision
+// is counted once, under the source that made it.
+func TestDecisionsCountedAcrossModeChanges(t *testing.T) {
 	srv := redistest.Start(t)
 	reg := prometheus.NewRegistry()
-	lim := hybrid.Limit{Name: "x", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	lim := hybrid.Limit{Name: "x", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 	l := newLimiter(t, hybrid.Config{
 		Redis: srv.Client(t), Members: membership.NewStatic("i", 1), Limits: []hybrid.Limit{lim},
 		Registerer: reg, // no tick during the test:
@@ -253,25 +254,30 @@ func TestDecisionsCountedWhileLeavingHybrid(t *testing.T) {
 	})
 	ctx := context.Background()
 	ta := &tally{n: make(map[series]float64)}
-	d, err := l.Allow(ctx, "x", "old")
-	if err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal {
-		t.Fatalf("first decision: %+v, %v; want allowed by Redis", d, err)
+	decide := func(step, key string, src hybrid.Source) {
+		t.Helper()
+		d, err := l.Allow(ctx, "x", key)
+		if err != nil || !d.Allowed || d.Source != src {
+			t.Errorf("%s: %+v, %v; want allowed by %v", step, d, err, src)
+		}
+		ta.add("x", d)
 	}
-	ta.add("x", d)
-	lim.Mode, lim.ExactBursts = hybrid.Local, false
+	decide("first decision", "old", hybrid.SourceGlobal)
+	lim.Mode = hybrid.Local
 	if err := l.SetLimits([]hybrid.Limit{lim}); err != nil {
 		t.Fatal(err)
 	}
-	d, err = l.Allow(ctx, "x", "old")
-	if err != nil || d.Allowed || d.Source != hybrid.SourceLocal || d.RetryAfter != time.Minute {
-		t.Errorf("a key still marked exact, after the change to Local: %+v, %v; want a local denial, retry after a tick", d, err)
+	decide("after the change to Local", "old", hybrid.SourceLocal)
+	decide("a new key after the change to Local", "new", hybrid.SourceLocal)
+	lim.Mode = hybrid.Hybrid
+	if err := l.SetLimits([]hybrid.Limit{lim}); err != nil {
+		t.Fatal(err)
 	}
-	ta.add("x", d)
-	d, err = l.Allow(ctx, "x", "new")
-	if err != nil || !d.Allowed || d.Source != hybrid.SourceLocal {
-		t.Errorf("a new key after the change to Local: %+v, %v; want allowed locally", d, err)
+	before := srv.Client(t).HLen(ctx, "hybridlimit:v3:{x:new}").Val()
+	decide("a key the Local limit decided, Hybrid again", "new", hybrid.SourceGlobal)
+	if after := srv.Client(t).HLen(ctx, "hybridlimit:v3:{x:new}").Val(); before != 0 || after == 0 {
+		t.Errorf("records of the key in Redis: %d before its exact decision, %d after; want 0, then some", before, after)
 	}
-	ta.add("x", d)
 	got := decisionSeries(t, reg)
 	for s, n := range ta.n {
 		if got[s] != n {

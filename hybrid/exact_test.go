@@ -34,7 +34,7 @@ func TestExactWaitsOnlyWhileRedisMayAnswer(t *testing.T) {
 	want := map[hybrid.Policy]hybrid.Source{hybrid.FailLocal: hybrid.SourceLocal, hybrid.FailOpen: hybrid.SourceFailOpen, hybrid.FailClosed: hybrid.SourceFailClosed}
 	var limits []hybrid.Limit
 	for _, p := range policies {
-		limits = append(limits, hybrid.Limit{Name: p.String(), Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: p, ExactBursts: true})
+		limits = append(limits, hybrid.Limit{Name: p.String(), Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: p})
 	}
 	l := newLimiter(t, hybrid.Config{Redis: rdb, Members: membership.NewStatic("only", 1), Limits: limits,
 		RedisTimeout: redisTimeout, ContendedTTL: 4 * redisTimeout, UncontendedTTL: 8 * redisTimeout})
@@ -107,7 +107,7 @@ func TestExactWaitsOnlyWhileRedisMayAnswer(t *testing.T) {
 func TestExactCommandBound(t *testing.T) {
 	srv := redistest.Start(t)
 	const rate, burst = 50, 5
-	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 	// A slow loop: its first tick comes after the test, so the key stays in
 	// the exact placement (a tick would move a key this busy to a lease).
 	l := newLimiter(t, hybrid.Config{Redis: srv.Client(t), Members: membership.NewStatic("only", 1), Limits: []hybrid.Limit{lim},
@@ -161,7 +161,7 @@ func TestExactCommandBound(t *testing.T) {
 // and the deny cache decides most of them.
 func TestExactConcurrentCallers(t *testing.T) {
 	srv := redistest.Start(t)
-	lim := hybrid.Limit{Name: "api", Rate: 50, Burst: 5, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	lim := hybrid.Limit{Name: "api", Rate: 50, Burst: 5, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 	l := newLimiter(t, hybrid.Config{Redis: srv.Client(t), Members: membership.NewStatic("only", 1), Limits: []hybrid.Limit{lim},
 		Tick: 10 * time.Second, ContendedTTL: 21 * time.Second, UncontendedTTL: 21 * time.Second, RedisTimeout: time.Second})
 	ctx := context.Background()
@@ -208,17 +208,18 @@ func TestExactConcurrentCallers(t *testing.T) {
 
 // TestExactSprayedCostsAboutOneScriptPerAdmission is invariant 4's exact
 // bound where it costs the most: a key whose requests are sprayed over four
-// instances at three times its limit, decided exactly. Redis hands the
-// instances that must wait turns one refill apart, so each refill costs
+// instances at 1.5 times its limit, where a lease would hold 3 tokens of
+// the burst at each instance's demand, so the key stays exact. Redis hands
+// the instances that must wait turns one refill apart, so each refill costs
 // about one script: at most 1.5 per admission, where retries all at the
-// next refill cost one per decision here (3 per admission). It also admits
-// what one exact bucket would.
+// next refill would cost one per decision. It also admits what one exact
+// bucket would (invariant 2).
 func TestExactSprayedCostsAboutOneScriptPerAdmission(t *testing.T) {
 	srv := redistest.Start(t)
 	const rate, burst, instances = 40.0, 8, 4
-	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true}
+	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 	inst := cluster(t, srv, instances, nil, lim)
-	per := []float64{3 * rate / instances, 3 * rate / instances, 3 * rate / instances, 3 * rate / instances}
+	per := []float64{1.5 * rate / instances, 1.5 * rate / instances, 1.5 * rate / instances, 1.5 * rate / instances}
 	const warmup = time.Second
 	drive(t, inst, load{limit: "api", keys: []string{"k"}, perInst: per, duration: warmup})
 	c0 := scripts(t, srv)
@@ -234,7 +235,7 @@ func TestExactSprayedCostsAboutOneScriptPerAdmission(t *testing.T) {
 	if float64(sent) > 1.5*float64(admitted) {
 		t.Errorf("%d scripts for %d admissions: want at most 1.5 per admission", sent, admitted)
 	}
-	if float64(admitted) < 0.95*float64(ref) {
-		t.Errorf("admitted %d, under 95%% of the exact bucket's %d", admitted, ref)
+	if float64(admitted) < 0.97*float64(ref) {
+		t.Errorf("admitted %d, under 97%% of the exact bucket's %d", admitted, ref)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hybridlimit/hybridlimit/global"
 	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/hybrid/placement"
 	"github.com/hybridlimit/hybridlimit/internal/redistest"
 	"github.com/hybridlimit/hybridlimit/membership"
 )
@@ -48,7 +49,7 @@ func cluster(t testing.TB, srv *redistest.Server, n int, tune func(*hybrid.Confi
 func clusterEach(t testing.TB, srv *redistest.Server, n int, tune func(i int, c *hybrid.Config), limits ...hybrid.Limit) []*hybrid.Limiter {
 	t.Helper()
 	ls := make([]*hybrid.Limiter, n)
-	bus := membership.NewBus() // the instances ask each other to yield, as over gossip
+	bus := membership.NewBus() // the instances know each other's names: ranks for the local quotas
 	for i := range ls {
 		cfg := hybrid.Config{
 			Redis:   fastClient(t, srv),
@@ -275,14 +276,13 @@ func logPerSecond(t *testing.T, o outcome) {
 	t.Logf("per second admitted %v arrivals %v", adm, arr)
 }
 
-// pastShare makes burst+1 decisions of key at once and returns the last
-// one. No share of a limit's burst holds more than burst tokens, so the
-// key's share denies at least one of them: a key in the share placement
-// asks for a lease only after that (KeyStats.Denied grew).
-func pastShare(t *testing.T, l *hybrid.Limiter, limit, key string, burst int) hybrid.Decision {
+// warmKey makes max(burst+1, placement.MinTokens) decisions of key at
+// once and returns the last one: a key asked for that often at once is
+// worth a lease (see placement), and its burst is spent.
+func warmKey(t *testing.T, l *hybrid.Limiter, limit, key string, burst int) hybrid.Decision {
 	t.Helper()
 	var d hybrid.Decision
-	for range burst + 1 {
+	for range max(burst+1, placement.MinTokens) {
 		var err error
 		if d, err = l.Allow(context.Background(), limit, key); err != nil {
 			t.Fatalf("Allow(%q): %v", limit, err)
@@ -291,15 +291,15 @@ func pastShare(t *testing.T, l *hybrid.Limiter, limit, key string, burst int) hy
 	return d
 }
 
-// leaseRecord is one instance's "i:" record in a lease hash (see
-// global/records.lua): its grant, and how much longer it lives.
+// leaseRecord is one instance's lease record in a key's hash (see
+// global/placement.lua): its grant, and how much longer it lives.
 type leaseRecord struct {
 	granted float64
 	lives   time.Duration // at Redis's time
 }
 
-// leaseRecords reads the lease hash of (limit, key) and returns the live
-// "i:" records by instance, at Redis's time.
+// leaseRecords reads the hash of (limit, key) and returns the live lease
+// records by instance, at Redis's time; exact users' records are left out.
 func leaseRecords(t *testing.T, rdb *redis.Client, limit, key string) map[string]leaseRecord {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -308,7 +308,7 @@ func leaseRecords(t *testing.T, rdb *redis.Client, limit, key string) map[string
 	if err != nil {
 		t.Fatalf("TIME: %v", err)
 	}
-	fields, err := rdb.HGetAll(ctx, global.New(rdb, "hybridlimit").LeaseKey(limit, key)).Result()
+	fields, err := rdb.HGetAll(ctx, global.New(rdb, "hybridlimit").RecordKey(limit, key)).Result()
 	if err != nil {
 		t.Fatalf("HGETALL: %v", err)
 	}
@@ -318,13 +318,17 @@ func leaseRecords(t *testing.T, rdb *redis.Client, limit, key string) map[string
 		if !ok {
 			continue
 		}
-		// "granted want expiry_us ..."
+		// "L gen granted want expiry_us claim claim_until_us", or an
+		// exact user's "X ...".
 		parts := strings.Fields(v)
-		if len(parts) < 3 {
+		if len(parts) > 0 && parts[0] == "X" {
+			continue
+		}
+		if len(parts) != 7 || parts[0] != "L" {
 			t.Fatalf("lease record %s = %q", f, v)
 		}
-		granted, err1 := strconv.ParseFloat(parts[0], 64)
-		expiry, err2 := strconv.ParseInt(parts[2], 10, 64)
+		granted, err1 := strconv.ParseFloat(parts[2], 64)
+		expiry, err2 := strconv.ParseInt(parts[4], 10, 64)
 		if err1 != nil || err2 != nil {
 			t.Fatalf("lease record %s = %q: %v", f, v, errors.Join(err1, err2))
 		}

@@ -106,8 +106,7 @@ func TestInvariantsBoundAndUtilisation(t *testing.T) {
 				warmup = 3 * time.Second
 			}
 			srv := redistest.Start(t)
-			lim := hybrid.Limit{Name: "api", Rate: tc.rate, Burst: tc.burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal,
-				ExactBursts: tc.exactBursts}
+			lim := hybrid.Limit{Name: "api", Rate: tc.rate, Burst: tc.burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 			inst := cluster(t, srv, instances, nil, lim)
 			factor, heavy := cmp.Or(tc.factor, 2), cmp.Or(tc.heavy, 0.9)
 			demand := factor * tc.rate * float64(tc.keys)

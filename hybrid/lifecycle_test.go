@@ -3,6 +3,7 @@ package hybrid_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,24 +20,24 @@ import (
 	"github.com/hybridlimit/hybridlimit/membership"
 )
 
-// leaseHolders returns which of keys have a lease field of instance in
-// their lease hash under limit, in one pipeline.
+// leaseHolders returns which of keys have a lease record of instance in
+// their hash under limit, in one pipeline.
 func leaseHolders(t *testing.T, rdb *redis.Client, limit, instance string, keys []string) []bool {
 	t.Helper()
 	store := global.New(rdb, "hybridlimit")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	pipe := rdb.Pipeline()
-	cmds := make([]*redis.BoolCmd, len(keys))
+	cmds := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HExists(ctx, store.LeaseKey(limit, k), "i:"+instance)
+		cmds[i] = pipe.HGet(ctx, store.RecordKey(limit, k), "i:"+instance)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		t.Fatalf("HEXISTS: %v", err)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatalf("HGET: %v", err)
 	}
 	held := make([]bool, len(keys))
 	for i, c := range cmds {
-		held[i] = c.Val()
+		held[i] = strings.HasPrefix(c.Val(), "L ")
 	}
 	return held
 }
@@ -112,7 +113,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	// Each key asks for a lease once past its default share.
 	eventually(t, 5*time.Second, "a lease in Redis for each of 50 keys", func() bool {
 		for _, k := range ks {
-			pastShare(t, l, limit, k, 100)
+			warmKey(t, l, limit, k, 100)
 		}
 		return countTrue(leaseHolders(t, rdb, limit, instance, ks)) == len(ks)
 	})
@@ -194,11 +195,11 @@ func TestIdleKeysAreEvictedAndReleased(t *testing.T) {
 	// denied a request; a key still without one is driven past its share
 	// again, so that it asks and is not evicted before it has one.
 	eventually(t, 5*time.Second, "a lease in Redis for each key", func() bool {
-		pastShare(t, l, limit, busy, burst)
+		warmKey(t, l, limit, busy, burst)
 		held := leaseHolders(t, rdb, limit, instance, ks)
 		for i, h := range held {
 			if !h {
-				pastShare(t, l, limit, ks[i], burst)
+				warmKey(t, l, limit, ks[i], burst)
 			}
 		}
 		return countTrue(held) == len(ks) && leaseHolders(t, rdb, limit, instance, []string{busy})[0]
@@ -319,7 +320,7 @@ func TestIdleLeasesStopRenewing(t *testing.T) {
 		hybrid.Limit{Name: "api", Rate: 100, Burst: 100, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal})
 	l := inst[0]
 	// A key asks for a lease once its default share denied a request.
-	pastShare(t, l, "api", "k", 100)
+	warmKey(t, l, "api", "k", 100)
 	eventually(t, 2*time.Second, "a lease for the key", func() bool {
 		return countTrue(leaseHolders(t, rdb, "api", "instance-0", []string{"k"})) == 1
 	})
@@ -341,7 +342,7 @@ func TestIdleLeasesStopRenewing(t *testing.T) {
 		st := mustStatus(t, l, "api")
 		return st.Keys == 1 && st.LeasedRate == 0
 	})
-	pastShare(t, l, "api", "k", 100)
+	warmKey(t, l, "api", "k", 100)
 	eventually(t, 2*time.Second, "a new lease once the key is used past its share again", func() bool {
 		return countTrue(leaseHolders(t, rdb, "api", "instance-0", []string{"k"})) == 1
 	})

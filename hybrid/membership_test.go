@@ -180,7 +180,7 @@ func (in *soloLimiter) degrade(t *testing.T) {
 	i := 0
 	eventually(t, 5*time.Second, "the limit degraded", func() bool {
 		i++
-		pastShare(t, in.l, in.limit, fmt.Sprintf("probe-%d", i), burst)
+		warmKey(t, in.l, in.limit, fmt.Sprintf("probe-%d", i), burst)
 		return in.status(t).Degraded
 	})
 }
@@ -221,7 +221,7 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 		}))
 		// A key asks for a lease once past its default share.
 		eventually(t, 5*time.Second, "a first lease", func() bool {
-			pastShare(t, in.l, limit, "warm", limitBurst)
+			warmKey(t, in.l, limit, "warm", limitBurst)
 			st := in.status(t)
 			return st.LeasedRate > 0 && !st.Degraded
 		})

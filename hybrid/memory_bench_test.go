@@ -111,7 +111,7 @@ func BenchmarkMemory(b *testing.B) {
 	})
 	b.Run("mode=hybrid/placement=exact", func(b *testing.B) {
 		benchMemory(b, keys, func(b *testing.B) any {
-			l := memoryLimiter(b, srv, hybrid.Limit{Mode: hybrid.Hybrid, ExactBursts: true})
+			l := memoryLimiter(b, srv, hybrid.Limit{Mode: hybrid.Hybrid})
 			// The limit's new keys start exact once the loop has ticked.
 			memoryTicks(b, l, 1)
 			// Exact decisions wait on Redis: several at a time.
@@ -152,7 +152,7 @@ func memoryLimiter(b *testing.B, srv *redistest.Server, lim hybrid.Limit) *hybri
 	b.Helper()
 	lim.Name, lim.Rate, lim.Burst, lim.OnOutage = benchLimit, benchRate, benchBurst, hybrid.FailLocal
 	probe := lim
-	probe.Name, probe.ExactBursts = memoryProbe, false
+	probe.Name = memoryProbe
 	cfg := hybrid.Config{
 		Members:        membership.NewStatic("bench-1", 1),
 		Limits:         []hybrid.Limit{lim, probe},

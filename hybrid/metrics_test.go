@@ -100,7 +100,7 @@ func TestRedisMetricsNeverCarryAKey(t *testing.T) {
 	eventually(t, 5*time.Second, "a lease granted", func() bool {
 		allow()
 		// The Hybrid key asks for a lease once past its default share.
-		pastShare(t, l, "h", "secret-user-key", 10)
+		warmKey(t, l, "h", "secret-user-key", 10)
 		return counterSum(t, reg, "hybridlimit_leases_granted_total") > 0
 	})
 	srv.Kill(t)

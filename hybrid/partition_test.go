@@ -129,7 +129,7 @@ func TestPartitionFailLocalUsesLargestRecentN(t *testing.T) {
 	// (version 2), for a lease before the outage, and in vain during it.
 	allow := func(l *hybrid.Limiter, key string) {
 		t.Helper()
-		pastShare(t, l, limit, key, limitBurst)
+		warmKey(t, l, limit, key, limitBurst)
 	}
 	// key-0000 and key-0001 hold leases before the outage; key-0002 and
 	// key-0003 are first seen during it.

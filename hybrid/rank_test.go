@@ -1,7 +1,6 @@
 package hybrid
 
 import (
-	"slices"
 	"testing"
 	"time"
 
@@ -129,39 +128,5 @@ func TestRankShareMonotone(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// TestEngineZeroBurstShare: a rank whose default share holds no token of
-// the burst (burst 3 over 4 instances, rank 3) denies the key's first
-// request, asks for a lease at the next tick, saying it runs its default
-// share, asks its peers to yield, and admits once granted.
-func TestEngineZeroBurstShare(t *testing.T) {
-	const burst = 3
-	loc, err := local.New(local.Config{Limit: eRate, Burst: burst, Instances: eN})
-	if err != nil {
-		t.Fatal(err)
-	}
-	loc.SetPlace(t0, local.Place{Instances: eN, Rank: 3})
-	r := &rig{t: t, loc: loc, n: eN}
-	r.eng = newEngine(Limit{Name: "api", Rate: eRate, Burst: burst}, "me",
-		timings{tick: eTick, contendedTTL: eCTTL, uncontendedTTL: eUTTL, redisTimeout: eRTO}, rigShares{r})
-	if res := loc.Allow(t0, "k"); res.Allowed {
-		t.Fatalf("at a default share of burst 0: %+v", res)
-	}
-	calls := tick().run(r, t0.Add(eTick))
-	if len(calls) != 1 || calls[0].kind != callLease || calls[0].req.Running != eDef || r.eng.keys["k"].state != stateAsking {
-		t.Fatalf("after the denial, the tick's calls: %+v; want one lease request running the default share", calls)
-	}
-	if !slices.Equal(r.eng.asks, []string{"k"}) {
-		t.Errorf("asks of the peers: %q, want [k]", r.eng.asks)
-	}
-	r.pending, r.sentAt = calls, t0.Add(eTick)
-	grant(50, 50, false).run(r, t0.Add(eTick+10*ms))
-	if st := r.eng.keys["k"].state; st != stateHeld {
-		t.Fatalf("after the grant: state %v, want held", st)
-	}
-	if res := loc.Allow(t0.Add(eTick+50*ms), "k"); !res.Allowed || !res.Assigned {
-		t.Errorf("on the lease: %+v, want allowed", res)
 	}
 }

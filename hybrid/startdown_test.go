@@ -132,7 +132,7 @@ func TestOutageLogNamesTheCause(t *testing.T) {
 		ctx := context.Background()
 		// The key asks for a lease once past its default share.
 		eventually(t, 5*time.Second, "a lease", func() bool {
-			return pastShare(t, l, "h", "k", 10).Source == hybrid.SourceLease
+			return warmKey(t, l, "h", "k", 10).Source == hybrid.SourceLease
 		})
 		srv.Kill(t)
 		eventually(t, 5*time.Second, "the degrade logged", func() bool {

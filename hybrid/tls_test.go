@@ -45,7 +45,7 @@ func TestRedisTLS(t *testing.T) {
 		l := newLimiter(t, hybrid.Config{Redis: client(t, tlsConfig, nil), Limits: limits})
 		// The key asks for a lease once past its default share.
 		eventually(t, 5*time.Second, "a lease over TLS", func() bool {
-			d := pastShare(t, l, "h", "k", 10)
+			d := warmKey(t, l, "h", "k", 10)
 			st, _ := l.Status("h")
 			return d.Source == hybrid.SourceLease && st.LeasedRate > 0 && !st.Degraded
 		})

@@ -304,7 +304,7 @@ func TestSetLimitsRemoveReleasesLeases(t *testing.T) {
 	// A key asks for a lease once past its default share.
 	eventually(t, 5*time.Second, "a lease on every key", func() bool {
 		for _, k := range ks {
-			pastShare(t, l, "gone", k, gone.Burst)
+			warmKey(t, l, "gone", k, gone.Burst)
 		}
 		return countTrue(leaseHolders(t, rdb, "gone", "me", ks)) == len(ks)
 	})
@@ -342,7 +342,7 @@ func TestSetLimitsRemoveReleasesLeases(t *testing.T) {
 		t.Errorf("re-added limit: %+v; want no keys and no commands yet", st)
 	}
 	eventually(t, 5*time.Second, "a lease again", func() bool {
-		return pastShare(t, l, "gone", ks[0], gone.Burst).Source == hybrid.SourceLease
+		return warmKey(t, l, "gone", ks[0], gone.Burst).Source == hybrid.SourceLease
 	})
 	if n := counterSum(t, reg, "hybridlimit_leases_granted_total"); n < 1 {
 		t.Errorf("leases granted to the re-added limit: %v, want some", n)
@@ -378,7 +378,7 @@ func TestSetLimitsModeChanges(t *testing.T) {
 		eventually(t, 5*time.Second, "leases on every key", func() bool {
 			src := hybrid.SourceLease
 			for _, k := range ks {
-				if d := pastShare(t, l, "api", k, lim.Burst); d.Source != hybrid.SourceLease {
+				if d := warmKey(t, l, "api", k, lim.Burst); d.Source != hybrid.SourceLease {
 					src = d.Source
 				}
 			}
@@ -510,39 +510,5 @@ func TestSetLimitsUnderLoad(t *testing.T) {
 		if n := countTrue(leaseHolders(t, rdb, "a", fmt.Sprintf("instance-%d", i), ks)); n != 0 {
 			t.Errorf("instance %d: %d leases left after Close", i, n)
 		}
-	}
-}
-
-// TestWarnsOfABurstBelowTheInstanceCount: a Hybrid limit with split bursts
-// whose burst is below N-hat is logged once as a warning, naming the limit,
-// its burst and the count (some instance then holds no token of any key's
-// burst); its end is logged once too. A limit with exact bursts, or with a
-// burst of at least the count, is not.
-func TestWarnsOfABurstBelowTheInstanceCount(t *testing.T) {
-	srv := redistest.Start(t)
-	var logs records
-	members := membership.NewStatic("instance-0", 2)
-	limits := []hybrid.Limit{
-		{Name: "split", Rate: 10, Burst: 3, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
-		{Name: "exact", Rate: 10, Burst: 3, Mode: hybrid.Hybrid, ExactBursts: true, OnOutage: hybrid.FailLocal},
-		{Name: "wide", Rate: 10, Burst: 4, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
-	}
-	// A short PeakWindow: N-hat follows the count down within the test.
-	newLimiter(t, hybrid.Config{Redis: fastClient(t, srv), Members: members, Logger: slog.New(&logs), Limits: limits,
-		PeakWindow: 200 * time.Millisecond})
-	warned := func() []map[string]string { return logs.logged("burst below the instance count") }
-	// Two instances: every burst covers them.
-	members.Set(4)
-	eventually(t, 5*time.Second, "the warning", func() bool { return len(warned()) > 0 })
-	members.Set(2)
-	eventually(t, 5*time.Second, "the end of it logged", func() bool {
-		return len(logs.logged("burst no longer below the instance count")) > 0
-	})
-	got := warned()
-	if len(got) != 1 || got[0]["limit"] != "split" || got[0]["burst"] != "3" || got[0]["instances"] != "4" {
-		t.Errorf("warnings %v, want one, for limit split (burst 3, 4 instances)", got)
-	}
-	if ended := logs.logged("burst no longer below the instance count"); len(ended) != 1 || ended[0]["limit"] != "split" {
-		t.Errorf("ends logged %v, want one, for limit split", ended)
 	}
 }

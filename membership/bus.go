@@ -6,16 +6,17 @@ import (
 	"sync"
 )
 
-// Bus carries messages between Statics in one process, as a memberlist
-// cluster carries them between instances over the network: for tests and
-// benchmarks that run several instances, each with its own Static, in one
-// process. Connect a Static to it with Static.Connect.
+// Bus groups Statics in one process, as a memberlist cluster groups
+// instances over the network: for tests and benchmarks that run several
+// instances, each with its own Static, in one process. Connect a Static to
+// it with Static.Connect: the Statics connected to a Bus know each other
+// by name (Static.Members, View), and one that leaves with Static.Leave is
+// reported in the others' Views as a graceful leave (View.Left). A
+// Static's count stays its owner's to set, except that a Leave lowers the
+// others' by one.
 //
-// A Bus delivers asynchronously, through each receiving Static's bounded
-// queue, and drops a message when that queue is full, so a slow receiver
-// never blocks a sender; unlike UDP it loses nothing else and keeps each
-// sender's order. The zero value is an empty Bus ready to use. A Bus is
-// safe for concurrent use and owns no goroutine.
+// The zero value is an empty Bus ready to use. A Bus is safe for
+// concurrent use and owns no goroutine.
 type Bus struct {
 	mu      sync.RWMutex
 	members map[string]*Static // by name
@@ -24,11 +25,11 @@ type Bus struct {
 // NewBus returns an empty Bus.
 func NewBus() *Bus { return &Bus{} }
 
-// Connect connects s to b: from then on s's Broadcast and Send reach the
-// other Statics connected to b, by their names, and s receives what they
-// send. A Static is connected to one Bus at a time: connecting it to
-// another disconnects it from the first, and Connect(nil) disconnects it.
-// Connecting it again to its Bus does nothing.
+// Connect connects s to b: from then on s's Members name the other Statics
+// connected to b, and theirs name s. Nobody's watchers are called for it:
+// they see the change in their next View. A Static is connected to one Bus
+// at a time: connecting it to another disconnects it from the first, and
+// Connect(nil) disconnects it. Connecting it again to its Bus does nothing.
 //
 // The Statics on a Bus must have distinct names: Connect panics if another
 // Static with s's name is connected to b.
@@ -117,63 +118,8 @@ func (b *Bus) names(self string) []string {
 	return names
 }
 
-// Broadcast implements Messenger: it queues a copy of msg for every other
-// Static connected to s's Bus. Without a Bus there is nobody to tell:
-// Broadcast does nothing and returns nil (but still refuses a message
-// longer than MaxMessage, as a Memberlist would).
-func (s *Static) Broadcast(msg []byte) error {
-	if err := checkSize("broadcast", s.name, msg); err != nil {
-		return err
-	}
-	b := s.bus.Load()
-	if b == nil {
-		return nil
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	for _, peer := range b.members {
-		if peer != s {
-			peer.in.deliver(s.name, msg)
-		}
-	}
-	return nil
-}
-
-// Send implements Messenger: it queues a copy of msg for the Static named
-// to on s's Bus. It returns an error wrapping ErrUnknownMember if no Static
-// of that name is connected to the Bus, or if s has no Bus; sending to s's
-// own name does nothing and returns nil.
-func (s *Static) Send(to string, msg []byte) error {
-	if err := checkSize("send", s.name, msg); err != nil {
-		return err
-	}
-	if to == s.name {
-		return nil
-	}
-	var peer *Static
-	if b := s.bus.Load(); b != nil {
-		b.mu.RLock()
-		peer = b.members[to]
-		b.mu.RUnlock()
-	}
-	if peer == nil {
-		return fmt.Errorf("%w %q (sending from %q)", ErrUnknownMember, to, s.name)
-	}
-	peer.in.deliver(s.name, msg)
-	return nil
-}
-
 // Members returns the names of the Statics connected to s's Bus, s
 // included, sorted; without a Bus, s's name alone (as View's Members). The
 // list follows Connect, not Set: a Static's count may say more instances
 // than the list names, for a test that plays one of many.
 func (s *Static) Members() []string { return s.bus.Load().names(s.name) }
-
-// Receive implements Messenger. The Static runs a goroutine to call fn
-// until every receiver is stopped.
-func (s *Static) Receive(fn func(from string, msg []byte)) (stop func()) {
-	return s.in.receive(fn)
-}
-
-// Dropped implements Messenger.
-func (s *Static) Dropped() uint64 { return s.in.dropped.Load() }

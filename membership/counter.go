@@ -99,18 +99,6 @@ var (
 	// accepted this node (wrong address, nothing listening yet, or a
 	// different encryption key).
 	ErrJoin = errors.New("membership: cannot join cluster")
-
-	// ErrMessageTooLarge means a message given to a Messenger is longer than
-	// MaxMessage bytes; nothing was sent.
-	ErrMessageTooLarge = errors.New("membership: message too large")
-
-	// ErrUnknownMember means a message was sent to a name that is not a live
-	// member of the cluster (or not connected to the Static's Bus); nothing
-	// was sent.
-	ErrUnknownMember = errors.New("membership: unknown member")
-
-	// ErrClosed means the Memberlist was closed; nothing was sent.
-	ErrClosed = errors.New("membership: closed")
 )
 
 // randomSuffix returns 8 random hex digits, to make generated names unique.

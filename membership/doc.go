@@ -1,5 +1,6 @@
 // Package membership reports N, the number of live instances of a service,
-// self included, and tells its watchers when N changes.
+// self included, with the members' names, tells its watchers when they
+// change, and tells a member's graceful leave from its failure.
 //
 // A rate limit shared by N instances gives each instance a default share of
 // rate/N, so N must follow instances as they start, leave and crash. The
@@ -8,10 +9,11 @@
 //
 // Two implementations are provided. Static holds a count set by its owner,
 // for single-instance use and tests (with a Bus, several Statics in one
-// process message each other and leave gracefully). Memberlist is backed by a
-// github.com/hashicorp/memberlist gossip cluster: Join starts a node, joins the
-// given seeds, and counts the live members, optionally encrypting gossip with
-// a shared key and warning when the count exceeds a configured maximum.
+// process know each other by name and leave gracefully). Memberlist is
+// backed by a github.com/hashicorp/memberlist gossip cluster: Join starts a
+// node, joins the given seeds, and counts the live members, optionally
+// encrypting gossip with a shared key and warning when the count exceeds a
+// configured maximum.
 //
 // Instances of a deployment start together and in no particular order, so
 // Join keeps trying its seeds, with randomized exponential back-off, for up
@@ -39,15 +41,4 @@
 // memberlist's own callbacks, so a slow watcher cannot stall gossip. Changes
 // that happen in quick succession may be coalesced: a watcher always sees the
 // latest count, in order, but not necessarily every intermediate one.
-//
-// Members can also tell each other things: the Messenger interface sends
-// small messages (at most MaxMessage bytes) to every other live member or
-// to one by name, best effort, and calls receivers with each message and
-// its sender's name. A Memberlist sends each message in one UDP packet,
-// encrypted with the gossip key when there is one; a Static reaches the
-// other Statics connected to the same Bus, in one process, for tests and
-// benchmarks. Either way a message may be lost but is never corrupted,
-// receivers run on a goroutine owned by the Messenger, and a receiver that
-// falls behind loses messages (counted by Dropped) rather than stalling
-// gossip or the sender.
 package membership

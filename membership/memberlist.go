@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -26,8 +27,14 @@ import (
 const DefaultPort = 7946
 
 // DefaultLeaveTimeout is how long Close waits for each of its two
-// messages to go out when Config.LeaveTimeout is zero.
+// announcements (that the node is leaving, then its goodbye) to go out
+// when Config.LeaveTimeout is zero.
 const DefaultLeaveTimeout = 2 * time.Second
+
+// MaxNameLength is the longest Config.Name Join accepts, in bytes. A node's
+// name travels in its leaving notice (see Memberlist.Close), one UDP
+// packet, and the other members refuse a notice with a longer one.
+const MaxNameLength = 255
 
 // Profile selects memberlist's timing parameters.
 type Profile int
@@ -58,8 +65,8 @@ func (p Profile) String() string {
 // profile; DefaultConfig gives the usual production settings.
 type Config struct {
 	// Name is this node's name, unique in the cluster, at most
-	// MaxNameLength bytes long (every message names its sender). Empty
-	// means the host name followed by a random suffix.
+	// MaxNameLength bytes long. Empty means the host name followed by a
+	// random suffix.
 	Name string
 
 	// BindAddr is the address to listen on (TCP and UDP). Empty means
@@ -198,8 +205,6 @@ type Memberlist struct {
 	nt           *notifier
 	count        atomic.Int64
 	over         bool        // the count exceeds maxInstances; owned by the notifier goroutine (and Join before it starts)
-	in           *inbox      // messages received, for Receive
-	closed       atomic.Bool // set when Close starts; Broadcast and Send refuse
 	leaving      atomic.Bool // set when a graceful Close starts; see NodeMeta
 
 	// incarnation tells this process from an earlier or later one of the
@@ -208,8 +213,8 @@ type Memberlist struct {
 	incarnation string
 
 	// peers holds every other member as the event delegate last saw it,
-	// gone the members that left lately, for their late notices.
-	// Messages go to the copies of the addresses in peers, never to
+	// gone the members that left lately, for their late notices. Leaving
+	// notices go to the copies of the addresses in peers, never to
 	// memberlist's own *Node, whose fields memberlist rewrites under its
 	// lock (a member's metadata update rewrites its address too) while a
 	// send would read them without it.
@@ -229,11 +234,6 @@ type Memberlist struct {
 	closeOnce sync.Once
 	closeErr  error
 }
-
-var (
-	_ Roster    = (*Memberlist)(nil)
-	_ Messenger = (*Memberlist)(nil)
-)
 
 // Join is shorthand for JoinContext(context.Background(), cfg).
 func Join(cfg Config) (*Memberlist, error) {
@@ -289,7 +289,6 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 		retryInterval:    cmp.Or(cfg.RetryInterval, DefaultRetryInterval),
 		maxRetryInterval: cfg.MaxRetryInterval,
 		changed:          make(chan struct{}, 1),
-		in:               newInbox(),
 		incarnation:      newIncarnation(),
 	}
 	if m.maxRetryInterval == 0 {
@@ -301,7 +300,7 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	m.count.Store(1)
 	m.nt = newNotifier(m.refresh, m.Count, true)
 	conf.Events = eventDelegate{m}
-	conf.Delegate = messageDelegate{m}
+	conf.Delegate = delegate{m}
 
 	ml, err := memberlist.Create(conf)
 	if err != nil {
@@ -483,12 +482,11 @@ func (m *Memberlist) Members() []string {
 // this node's count must have stopped before Close, as hybrid.Limiter.Close
 // does when it closes its Members), waiting at most
 // Config.LeaveTimeout for the leave message to reach another member, then
-// shuts the node down and stops the goroutines that call watchers and
-// message receivers. A leave that times out is logged, not returned: the
-// node is shut down all the same and the other members notice the
-// departure through failure detection instead. Close is idempotent: later
-// calls return the first call's result. It must not be called from a
-// watcher or a message receiver.
+// shuts the node down and stops the goroutine that calls watchers. A leave
+// that times out is logged, not returned: the node is shut down all the
+// same and the other members notice the departure through failure
+// detection instead. Close is idempotent: later calls return the first
+// call's result. It must not be called from a watcher.
 func (m *Memberlist) Close() error {
 	return m.close(true)
 }
@@ -497,7 +495,6 @@ func (m *Memberlist) Close() error {
 // Without leave it simulates a crash, for tests.
 func (m *Memberlist) close(leave bool) error {
 	m.closeOnce.Do(func() {
-		m.closed.Store(true)
 		if m.stopRejoin != nil {
 			m.stopRejoin()
 			<-m.rejoinDone
@@ -532,7 +529,6 @@ func (m *Memberlist) close(leave bool) error {
 			errs = append(errs, fmt.Errorf("membership: shutdown %q: %w", m.name, err))
 		}
 		m.nt.close()
-		m.in.close()
 		m.closeErr = errors.Join(errs...)
 		m.logger.Info("membership: closed", "name", m.name, "graceful", leave, "err", m.closeErr)
 	})
@@ -580,17 +576,10 @@ func (m *Memberlist) setPeer(n *memberlist.Node) {
 	m.peers[n.Name] = p
 }
 
-// addresses returns the addresses of the other members, or, if to is not
-// empty, of the member named to only.
-func (m *Memberlist) addresses(to string) []memberlist.Address {
+// addresses returns the addresses of the other members.
+func (m *Memberlist) addresses() []memberlist.Address {
 	m.peersMu.Lock()
 	defer m.peersMu.Unlock()
-	if to != "" {
-		if p, ok := m.peers[to]; ok {
-			return []memberlist.Address{p.addr}
-		}
-		return nil
-	}
 	out := make([]memberlist.Address, 0, len(m.peers))
 	for _, p := range m.peers {
 		out = append(out, p.addr)
@@ -703,9 +692,46 @@ func (m *Memberlist) heardLeaving(name, inc string) {
 // notice that it is leaving, best effort, one UDP packet each.
 func (m *Memberlist) announceLeaving() {
 	notice := appendLeaving(nil, m.name, m.incarnation)
-	for _, a := range m.addresses("") {
+	for _, a := range m.addresses() {
 		_ = m.ml.SendToAddress(a, notice) // the metadata is the fallback
 	}
+}
+
+// frameLeaving is the first byte of a node's leaving notice (see close).
+// Keep its value: nodes of earlier versions of this package know it (they
+// also sent packets of another kind, which NotifyMsg ignores).
+const frameLeaving = 0x80
+
+// appendLeaving appends the wire form of the notice that from, in its
+// incarnation inc, is leaving: frameLeaving, the sender's name preceded by
+// its length (a uvarint; memberlist does not tell a receiver who sent a
+// packet), then the incarnation (see Memberlist.incarnation), the rest of
+// the packet.
+func appendLeaving(dst []byte, from, inc string) []byte {
+	dst = append(dst, frameLeaving)
+	dst = binary.AppendUvarint(dst, uint64(len(from)))
+	dst = append(dst, from...)
+	return append(dst, inc...)
+}
+
+// parseLeaving returns the sender of a notice made by appendLeaving and
+// its incarnation, and false for anything else (a notice without an
+// incarnation included: a process's notice must not be taken for another
+// one's of the same name).
+func parseLeaving(b []byte) (from, inc []byte, ok bool) {
+	if len(b) < 1 || b[0] != frameLeaving {
+		return nil, nil, false
+	}
+	b = b[1:]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n == 0 || n > MaxNameLength || n >= uint64(len(b)-k) {
+		return nil, nil, false
+	}
+	inc = b[k+int(n):]
+	if len(inc) > maxIncarnation {
+		return nil, nil, false
+	}
+	return b[k : k+int(n)], inc, true
 }
 
 // A node's memberlist metadata is metaPrefix and its incarnation, or,
@@ -779,90 +805,27 @@ func flatten(err error) error {
 	return err
 }
 
-// Broadcast implements Messenger: it sends msg to every other member this
-// node believes alive, one UDP packet each (memberlist's SendToAddress,
-// encrypted when Config.SecretKey is set). After Close it returns an error
-// wrapping ErrClosed.
-func (m *Memberlist) Broadcast(msg []byte) error {
-	if err := checkSize("broadcast", m.name, msg); err != nil {
-		return err
-	}
-	if m.closed.Load() {
-		return fmt.Errorf("membership: broadcast from %q: %w", m.name, ErrClosed)
-	}
-	var frame []byte
-	var errs []error
-	for _, a := range m.addresses("") {
-		if frame == nil {
-			frame = appendFrame(nil, m.name, msg)
-		}
-		if err := m.ml.SendToAddress(a, frame); err != nil {
-			errs = append(errs, fmt.Errorf("membership: broadcast from %q to %q: %w", m.name, a.Name, err))
-		}
-	}
-	return errors.Join(errs...)
-}
+// delegate is memberlist's Delegate: NotifyMsg hears the other members'
+// leaving notices, on memberlist's packet goroutine, and never blocks;
+// NodeMeta says that this node is leaving. memberlist's hooks for
+// gossiping state are not used.
+type delegate struct{ m *Memberlist }
 
-// Send implements Messenger: it sends msg to the live member named to, in
-// one UDP packet (memberlist's SendToAddress, encrypted when
-// Config.SecretKey is set). After Close it returns an error wrapping
-// ErrClosed.
-func (m *Memberlist) Send(to string, msg []byte) error {
-	if err := checkSize("send", m.name, msg); err != nil {
-		return err
-	}
-	if m.closed.Load() {
-		return fmt.Errorf("membership: send from %q to %q: %w", m.name, to, ErrClosed)
-	}
-	if to == m.name {
-		return nil
-	}
-	for _, a := range m.addresses(to) {
-		if err := m.ml.SendToAddress(a, appendFrame(nil, m.name, msg)); err != nil {
-			return fmt.Errorf("membership: send from %q to %q: %w", m.name, to, err)
-		}
-		return nil
-	}
-	return fmt.Errorf("%w %q (sending from %q)", ErrUnknownMember, to, m.name)
-}
-
-// Receive implements Messenger. The sender's name is the one its message
-// states: with Config.SecretKey set, only holders of the key can send one.
-// Receivers registered after Close are never called.
-func (m *Memberlist) Receive(fn func(from string, msg []byte)) (stop func()) {
-	return m.in.receive(fn)
-}
-
-// Dropped implements Messenger.
-func (m *Memberlist) Dropped() uint64 { return m.in.dropped.Load() }
-
-// messageDelegate hands the messages memberlist receives to the inbox. Its
-// NotifyMsg runs on memberlist's packet goroutine and never blocks. Of
-// memberlist's hooks for gossiping state, only NodeMeta is used: it says
-// that a node is leaving.
-type messageDelegate struct{ m *Memberlist }
-
-func (d messageDelegate) NotifyMsg(b []byte) {
+// NotifyMsg records a leaving notice (see heardLeaving) and ignores
+// anything else, such as the messages of nodes of an earlier version of
+// this package.
+func (d delegate) NotifyMsg(b []byte) {
 	if from, inc, ok := parseLeaving(b); ok {
-		if string(from) != d.m.name {
-			d.m.heardLeaving(string(from), string(inc))
-		}
-		return
+		d.m.heardLeaving(string(from), string(inc)) // which ignores this node's own
 	}
-	from, msg, ok := parseFrame(b)
-	if !ok || string(from) == d.m.name {
-		d.m.in.drop()
-		return
-	}
-	d.m.in.deliver(string(from), msg)
 }
 
 // NodeMeta is the node's incarnation, marked leaving once Close has
 // started (see appendMeta).
-func (d messageDelegate) NodeMeta(limit int) []byte {
+func (d delegate) NodeMeta(limit int) []byte {
 	return appendMeta(nil, d.m.incarnation, d.m.leaving.Load())
 }
 
-func (messageDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (messageDelegate) LocalState(join bool) []byte                { return nil }
-func (messageDelegate) MergeRemoteState(buf []byte, join bool)     {}
+func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (delegate) LocalState(join bool) []byte                { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool)     {}

@@ -6,25 +6,19 @@ import (
 )
 
 // Static is a Counter whose count is set by its owner rather than learned
-// from a cluster: for single-instance use and tests. It is also a
-// Messenger, which reaches the other Statics connected to the same Bus
-// (see Connect), and nobody without one. It is safe for concurrent use. It
-// owns a goroutine only while it has watchers or message receivers, so it
-// needs no Close: stopping every watcher and receiver is enough.
+// from a cluster: for single-instance use and tests. Connected to a Bus
+// (see Connect), it names the other Statics connected to it, and learns
+// of their graceful leaves. It is safe for concurrent use. It owns a
+// goroutine only while it has watchers, so it needs no Close: stopping
+// every watcher is enough.
 type Static struct {
 	name  string
 	count atomic.Int64
 	nt    *notifier
-	in    *inbox
 
 	connectMu sync.Mutex // serializes Connect
 	bus       atomic.Pointer[Bus]
 }
-
-var (
-	_ Roster    = (*Static)(nil)
-	_ Messenger = (*Static)(nil)
-)
 
 // NewStatic returns a Static counter named name with count n. A count below 1
 // is treated as 1; an empty name is replaced by a random one.
@@ -32,7 +26,7 @@ func NewStatic(name string, n int) *Static {
 	if name == "" {
 		name = "static-" + randomSuffix()
 	}
-	s := &Static{name: name, in: newInbox()}
+	s := &Static{name: name}
 	s.count.Store(int64(max(n, 1)))
 	load := func() int { return int(s.count.Load()) }
 	refresh := func() (int, []string) {

@@ -9,11 +9,9 @@
 //	    mode: hybrid       # local, global or hybrid
 //	    on_outage: fail-local  # fail-local, fail-open or fail-closed
 //	    shadow: true       # optional: decide and count, but admit everything
-//	    exact_bursts: true # optional, hybrid only: a client's burst is admitted whole
 //
 // A rate is a number of tokens per second, or a number per unit of time:
-// 100/s, 6000/min, 5000/h, 1/day. Every field but shadow and exact_bursts
-// (hybrid.Limit.ExactBursts) is required: in
+// 100/s, 6000/min, 5000/h, 1/day. Every field but shadow is required: in
 // particular what a limit does while Redis is down is never guessed.
 //
 // Every problem is reported, each with the file's name, the line it is on,
@@ -201,7 +199,7 @@ func (p *parser) limits(list *yaml.Node) []hybrid.Limit {
 }
 
 // fields are the fields of one limit, in the order messages list them.
-var fields = []string{"name", "rate", "burst", "mode", "on_outage", "shadow", "exact_bursts"}
+var fields = []string{"name", "rate", "burst", "mode", "on_outage", "shadow"}
 
 // example is what a limits file looks like, for messages.
 const example = `limits:
@@ -258,11 +256,6 @@ func (p *parser) limit(i int, item *yaml.Node) (hybrid.Limit, bool) {
 			p.errorf(v, "shadow is %q, not true or false: write shadow: true to admit every request and only count what the limit would deny, or leave it out", v.Value)
 		}
 	}
-	if v := given["exact_bursts"]; v != nil {
-		if v.Kind != yaml.ScalarNode || v.Decode(&l.ExactBursts) != nil {
-			p.errorf(v, "exact_bursts is %q, not true or false: write exact_bursts: true to admit a client's burst whole wherever it lands (hybrid limits only), or leave it out", v.Value)
-		}
-	}
 	return l, len(p.errs) == before
 }
 
@@ -283,6 +276,12 @@ func (p *parser) given(item *yaml.Node) map[string]*yaml.Node {
 	}
 	for j := 0; j+1 < len(item.Content); j += 2 {
 		k := item.Content[j]
+		if k.Value == "exact_bursts" {
+			// A field of placement version 2, which had two burst
+			// semantics.
+			p.errorf(k, "exact_bursts is gone: a hybrid limit now always admits a client's burst whole, wherever it lands; remove the line")
+			continue
+		}
 		if !isField(k.Value) {
 			p.errorf(k, "unknown field %q: %s", k.Value, suggestField(k.Value))
 		}

@@ -24,7 +24,7 @@ func TestParse(t *testing.T) {
 - {name: l, rate: 0.5, burst: 1, mode: local, on_outage: fail-local, shadow: true}
 - {name: q, rate: 1, burst: 1, mode: " Hybrid ", on_outage: "Fail_Closed ", shadow: false}
 - {name: per-minute, rate: 6000/min, burst: 10, mode: hybrid, on_outage: fail-local}
-- {name: exact, rate: 10, burst: 5, mode: hybrid, on_outage: fail-local, exact_bursts: true}
+- {name: exact, rate: 10, burst: 5, mode: hybrid, on_outage: fail-local}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +34,7 @@ func TestParse(t *testing.T) {
 		{Name: "l", Rate: 0.5, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal, Shadow: true},
 		{Name: "q", Rate: 1, Burst: 1, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed},
 		{Name: "per-minute", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
-		{Name: "exact", Rate: 10, Burst: 5, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal, ExactBursts: true},
+		{Name: "exact", Rate: 10, Burst: 5, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)
@@ -116,7 +116,11 @@ func TestParseErrors(t *testing.T) {
 	}, {
 		name: "unknown field",
 		file: strings.Replace(good, "    mode:", "    region: eu\n    mode:", 1),
-		want: []string{`limits.yaml:5: limit "api": unknown field "region": remove it (a limit has name, rate, burst, mode, on_outage, shadow, exact_bursts)`},
+		want: []string{`limits.yaml:5: limit "api": unknown field "region": remove it (a limit has name, rate, burst, mode, on_outage, shadow)`},
+	}, {
+		name: "exact_bursts, a field of placement version 2",
+		file: strings.Replace(good, "    mode:", "    exact_bursts: true\n    mode:", 1),
+		want: []string{`limits.yaml:5: limit "api": exact_bursts is gone: a hybrid limit now always admits a client's burst whole, wherever it lands; remove the line`},
 	}, {
 		name: "negative rate",
 		file: strings.Replace(good, "rate: 300", "rate: -300", 1),

@@ -384,9 +384,7 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int,
 	ls.keys.AllowNTallyInto(now, key, n, local.TallyAssigned, &r)
 	if r.Mark != 0 {
 		var e Decision
-		if ls.degraded.Load() || (r.Flagged && r.Hold > 0) {
-			// Redis is down, or the node of this key's records is: no
-			// decision waits on it.
+		if ls.degraded.Load() {
 			e = l.outage(ls, key, n, now)
 		} else {
 			var err error
@@ -500,15 +498,18 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// Redis, or the Cluster node of this key, may be gone. The loop
 		// checks at its next tick, which degrades every limit if Redis
 		// is: a limit whose keys are all exact has no renewal to tell
-		// it. Meanwhile the key follows the outage policy, and tries
-		// Redis again only a renewal period later, so that its
-		// decisions do not all wait on a node that is down.
+		// it. Until the limit degrades, the key's decisions are denials,
+		// which keep the bound (Redis may answer the other instances);
+		// they try Redis again only a renewal period later, so that they
+		// do not all wait on a node that is down. The key is flagged
+		// failing until a request succeeds.
 		l.exactFailed.Store(true)
+		wait := l.cfg.ContendedTTL / placement.RenewDivisor
 		ls.keys.SetFlag(key, true)
-		ls.keys.SetHold(key, r.Mark, now.Add(l.cfg.ContendedTTL/placement.RenewDivisor))
+		ls.keys.SetHold(key, r.Mark, now.Add(wait))
 		err = redact(err, key)
 		ls.failCause.Store(&err)
-		return l.outage(ls, key, n, now), nil
+		return ls.finish(Decision{RetryAfter: wait, Source: SourceGlobal}), nil
 	}
 	if r.Flagged {
 		ls.keys.SetFlag(key, false)
@@ -662,8 +663,10 @@ type Status struct {
 	// Redis, a lease ask or an exact decision, failed on its own (for
 	// example because the Redis Cluster node that holds it is down) while
 	// the limit as a whole is not degraded, as of the lease loop's last
-	// tick: once their leases run out they follow OnOutage, and try Redis
-	// again a renewal period apart.
+	// tick. Once their leases run out their decisions are denials, which
+	// keep the bound while Redis may answer the other instances: only a
+	// degraded limit follows OnOutage. They try Redis again a renewal
+	// period apart.
 	FailingKeys int
 	// RedisCommands is the number of Redis commands this instance has sent
 	// for the limit since New (for Hybrid limits, one per lease request of a

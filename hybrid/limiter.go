@@ -171,18 +171,7 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	now := time.Now()
 	l.health = health{quiet: cfg.UncontendedTTL/placement.RenewDivisor + cfg.Tick, answered: now}
-	n := l.members.Count()
-	roster, _ := l.members.(membership.Roster)
-	if roster != nil {
-		// A leave between this View and WatchView below is missed: the
-		// leaver stays counted for PeakWindow, as a failed one would.
-		v := roster.View()
-		n = v.Count
-		l.samples = []peerSample{{at: now, n: n, names: v.Members}}
-	} else {
-		l.samples = []peerSample{{at: now, n: n}}
-	}
-	m.peers.Set(float64(n))
+	roster := l.firstSample(now)
 	if unreachable != nil {
 		unreachable = l.explain(unreachable)
 		l.down.Store(&outage{cause: unreachable})
@@ -209,6 +198,24 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	go l.loop()
 	return l, nil
+}
+
+// firstSample records the instance count at now, and the members' names
+// when Members is a membership.Roster, which it returns (nil otherwise).
+func (l *Limiter) firstSample(now time.Time) membership.Roster {
+	n := l.members.Count()
+	roster, _ := l.members.(membership.Roster)
+	if roster != nil {
+		// A leave between this View and WatchView in New is missed: the
+		// leaver stays counted for PeakWindow, as a failed one would.
+		v := roster.View()
+		n = v.Count
+		l.samples = []peerSample{{at: now, n: n, names: v.Members}}
+	} else {
+		l.samples = []peerSample{{at: now, n: n}}
+	}
+	l.m.peers.Set(float64(n))
+	return roster
 }
 
 // newEntry returns a new limit for lim at now: degraded from the start if
@@ -514,22 +521,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if r.Flagged {
 		ls.keys.SetFlag(key, false)
 	}
-	var hold time.Duration
-	switch {
-	case !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never:
-		hold = t.RetryAfter
-	case !t.Allowed && t.RetryAfter == Never && !(t.PoolRate > 0):
-		// The pool has no rate: the leases hold all of it, and it gets
-		// some back only as they renew, release or end. Until the
-		// earliest a contended one renews, every take would be denied:
-		// one script per request for nothing.
-		hold = l.cfg.ContendedTTL / placement.RenewDivisor
-	case t.Allowed && t.Turn > 0:
-		// This admission emptied the pool: the next tokens are for the
-		// callers whose turns come first.
-		hold = t.Turn
-	}
-	if hold > 0 {
+	if hold := l.holdFor(&t); hold > 0 {
 		ls.keys.SetHold(key, r.Mark, now.Add(hold))
 	}
 	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
@@ -537,6 +529,28 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
 	return ls.finish(d), nil
+}
+
+// holdFor is how long after an exact take's answer t the key's next
+// decisions are denied in process, without asking Redis: until the turn
+// Redis gave a denial, or an admission that emptied the pool; a renewal
+// period when the pool has no rate at all; 0 otherwise.
+func (l *Limiter) holdFor(t *global.Take) time.Duration {
+	switch {
+	case !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never:
+		return t.RetryAfter
+	case !t.Allowed && t.RetryAfter == Never && !(t.PoolRate > 0):
+		// The leases hold the whole rate, and the pool gets some back
+		// only as they renew, release or end. Until the earliest a
+		// contended one renews, every take would be denied: one script
+		// per request for nothing.
+		return l.cfg.ContendedTTL / placement.RenewDivisor
+	case t.Allowed && t.Turn > 0:
+		// This admission emptied the pool: the next tokens are for the
+		// callers whose turns come first.
+		return t.Turn
+	}
+	return 0
 }
 
 // shadowed is the admission a limit in shadow mode makes of denial d.

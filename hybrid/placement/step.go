@@ -27,18 +27,9 @@ func (a instant) sub(b instant) time.Duration { return time.Duration(a - b) }
 // for it. g, if not nil, gathers the gauges.
 func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []Out {
 	t := p.instant(now)
-	k := p.keys[st.Key]
+	k := p.track(t, n, st)
 	if k == nil {
-		// A key in its first exact placement: nothing to remember until
-		// it is worth a lease. Its demand is its life's.
-		d := lifeDemand(t, p.instant(st.Created), st.Asked, p.cfg.Tick)
-		if p.degraded || st.Asked < MinTokens || !p.worth(d, p.cfg.Rate/float64(max(n, 1)), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
-			return out
-		}
-		k = &key{state: Exact, gen: FirstGen, demand: d, asked: st.Asked, seenAt: t}
-		p.keys[st.Key] = k
-	} else {
-		k.observe(t, st.Asked, p.cfg.ContendedTTL)
+		return out
 	}
 	if k.state == Leased && t >= k.until {
 		// The grant ran out before a renewal was answered: the local
@@ -86,6 +77,24 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 		}
 	}
 	return out
+}
+
+// track returns the state of st's key at t with its demand measured, or
+// nil for a key in its first exact placement that is not worth a lease:
+// the policy remembers nothing of it until it is, and its demand is its
+// life's.
+func (p *Policy) track(t instant, n int, st *Stats) *key {
+	if k := p.keys[st.Key]; k != nil {
+		k.observe(t, st.Asked, p.cfg.ContendedTTL)
+		return k
+	}
+	d := lifeDemand(t, p.instant(st.Created), st.Asked, p.cfg.Tick)
+	if p.degraded || st.Asked < MinTokens || !p.worth(d, p.cfg.Rate/float64(max(n, 1)), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
+		return nil
+	}
+	k := &key{state: Exact, gen: FirstGen, demand: d, asked: st.Asked, seenAt: t}
+	p.keys[st.Key] = k
+	return k
 }
 
 // worth reports whether a lease is worth having for a key whose demand here

@@ -86,6 +86,13 @@ type LeaseAsk struct {
 	// instance (LeaseGrant.Drained), so that what the pool held for its
 	// traffic goes on in its local bucket instead of staying behind.
 	Drain bool
+	// YoungFor is how long another instance's demand on the key must have
+	// lasted (since its first record, whichever placement it is in) for
+	// its want to count in this grant's fair share: a shorter pulse, which
+	// may end before this instance's lease is cut for it, takes only what
+	// is free (the pool, grants too small to run). Zero counts every want.
+	// It must not be negative.
+	YoungFor time.Duration
 }
 
 // LeaseGrant is the answer to one LeaseAsk.
@@ -154,6 +161,8 @@ func (a *LeaseAsk) validate() error {
 		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, a.TTL)
 	case !finite(a.Running) || a.Running < 0:
 		return fmt.Errorf("%w: running %v is not a non-negative finite number", ErrInvalid, a.Running)
+	case a.YoungFor < 0:
+		return fmt.Errorf("%w: young for %v is negative", ErrInvalid, a.YoungFor)
 	case a.RunningFor < 0:
 		return fmt.Errorf("%w: running for %v is negative", ErrInvalid, a.RunningFor)
 	}
@@ -176,6 +185,7 @@ func (a *LeaseAsk) args() []any {
 		strconv.FormatInt(int64((a.RunningFor+time.Microsecond-1)/time.Microsecond), 10),
 		flag(a.Drain),
 		flag(a.Release),
+		strconv.FormatInt(int64(a.YoungFor/time.Microsecond), 10),
 	}
 }
 

@@ -17,6 +17,9 @@
 -- ARGV[11] drain ("0"/"1"): the instance comes from the exact placement,
 --          and takes the lease's part of the pool's tokens with a grant
 -- ARGV[12] release ("0"/"1"): end the instance's record
+-- ARGV[13] young_us (>= 0): the other instances' records younger than
+--          this (born_us) do not count in the fair shares: their demand
+--          may end before a cut of this grant for them would land
 --
 -- Returns {granted, fair, demand, contended, in_us, lost, drained, stale}
 -- as strings, because Redis truncates Lua numbers to integers: the grant
@@ -37,11 +40,12 @@ local gen = gen_of(ARGV[2])
 local want, rate, burst, n = num(ARGV[3]), num(ARGV[4]), num(ARGV[5]), num(ARGV[6])
 local ttl, max_ttl = num(ARGV[7]), num(ARGV[8])
 local running, running_us = num(ARGV[9]), num(ARGV[10])
+local young = num(ARGV[13])
 if not (inst ~= nil and inst ~= '' and gen and want and rate and burst and n and ttl and max_ttl
-  and running and running_us and (ARGV[11] == '0' or ARGV[11] == '1')
+  and running and running_us and young and (ARGV[11] == '0' or ARGV[11] == '1')
   and (ARGV[12] == '0' or ARGV[12] == '1')
   and want >= 0 and rate > 0 and burst >= 1 and n >= 1 and ttl >= 1 and max_ttl >= ttl
-  and running >= 0 and running_us >= 0) then
+  and running >= 0 and running_us >= 0 and young >= 0) then
   return redis.error_reply('ERR hybridlimit: invalid ask arguments')
 end
 local drain, release = ARGV[11] == '1', ARGV[12] == '1'
@@ -57,15 +61,12 @@ local others = held_by_others(h, now)
 
 -- The pool as the records left it before this ask: its size changes with
 -- what this instance's record holds, from now on.
-local held_before, users_before = others, #h.exact
-if own ~= nil then
-  held_before = held_before + holds(own, now)
-  if own.kind == 'X' then users_before = users_before + 1 end
-end
-local f_before = pool_frac(held_before, rate, users_before, n, h.lost)
+local held_before = others
+if own ~= nil then held_before = held_before + holds(own, now) end
+local f_before = pool_frac(held_before, rate, h.lost, h.known)
 
 local granted, fair, demand, contended, in_us, drained, stale = 0, 0, 0, false, 0, 0, false
-local lost = h.lost
+local lost, known = h.lost, h.known
 local mine = own -- this instance's record as the ask leaves it
 
 if own ~= nil and newer(own.gen, gen) then
@@ -80,18 +81,21 @@ else
   -- lost it, and perhaps the others' too. Until every lease granted before
   -- the loss has ended, nobody grows.
   if running > 0 and not (own ~= nil and own.kind == 'L') then
-    lost = math.max(lost or 0, now + max_ttl)
-    redis.call('HSET', key, 'lost', string.format('%d', lost))
+    lost, known = math.max(lost or 0, now + max_ttl), (known or 0) + running
+    redis.call('HSET', key, 'lost', string.format('%d %.17g', lost, known))
   end
 
-  -- Every other live instance wants something: a lease its want while the
-  -- grant lives, an exact user its measured demand, which the pool must
-  -- keep for it.
+  -- Every other live instance whose demand is not young wants something:
+  -- a lease its want while the grant lives, an exact user its measured
+  -- demand, which the pool must keep for it.
   local wants = {}
+  local old = now - young
   for _, l in ipairs(h.leases) do
-    if l.expiry > now then wants[#wants + 1] = l.want end
+    if l.expiry > now and l.born <= old then wants[#wants + 1] = l.want end
   end
-  for _, x in ipairs(h.exact) do wants[#wants + 1] = decayed(x.demand, x.at, now) end
+  for _, x in ipairs(h.exact) do
+    if x.born <= old then wants[#wants + 1] = decayed(x.demand, x.at, now) end
+  end
   wants[#wants + 1] = want
   local level, left
   demand, level, left = water_fill(wants, rate)
@@ -110,22 +114,24 @@ else
     fair = math.max(want + left / math.max(n, #wants), math.min(rate / n, want + left))
   end
   granted = math.max(0, math.min(fair, rate - others))
-  if lost ~= nil then granted = math.min(granted, running) end
+  -- While lost, a grant is at most what the instance runs already, or what
+  -- the known grants leave (capacity): nobody grows into leases Redis
+  -- forgot.
+  if lost ~= nil then granted = math.min(granted, math.max(running, capacity(others, known))) end
 
   local claim, claim_until = 0, 0
   if running > 0 and running_us > 0 then claim, claim_until = running, now + running_us end
+  local born = now
+  if own ~= nil then born = own.born end
   mine = {kind = 'L', gen = gen, granted = granted, want = want, expiry = now + ttl,
-    claim = claim, claim_until = claim_until}
+    claim = claim, claim_until = claim_until, born = born}
   redis.call('HSET', key, self, encode(mine))
   in_us = ttl
 end
 
-local held_after, users_after = others, #h.exact
-if mine ~= nil then
-  held_after = held_after + holds(mine, now)
-  if mine.kind == 'X' then users_after = users_after + 1 end
-end
-local f_after = pool_frac(held_after, rate, users_after, n, lost)
+local held_after = others
+if mine ~= nil then held_after = held_after + holds(mine, now) end
+local f_after = pool_frac(held_after, rate, lost, known)
 
 -- The pool refills at the size the records gave it until now, and at its
 -- new size from now on: it is stored at now whenever its size changes.

@@ -28,6 +28,10 @@ type record struct {
 	// An exact user: demand at atUS, asked, until expiryUS.
 	demand, asked float64
 	atUS          int64
+	// bornUS is when the instance's demand on the key began (its first
+	// record): younger than an ask's YoungFor, it does not cut the ask's
+	// fair share.
+	bornUS int64
 }
 
 // holds is what the instance of r may be running at server time nowUS.
@@ -54,9 +58,9 @@ func (r record) live(nowUS int64) bool {
 func parseRecord(v string) (record, error) {
 	f := strings.Fields(v)
 	var r record
-	var errs [6]error
+	var errs [7]error
 	switch {
-	case len(f) == 7 && f[0] == "L":
+	case len(f) == 8 && f[0] == "L":
 		r.lease = true
 		r.gen, errs[0] = strconv.Atoi(f[1])
 		r.granted, errs[1] = strconv.ParseFloat(f[2], 64)
@@ -64,14 +68,16 @@ func parseRecord(v string) (record, error) {
 		r.expiryUS, errs[3] = strconv.ParseInt(f[4], 10, 64)
 		r.claim, errs[4] = strconv.ParseFloat(f[5], 64)
 		r.claimUS, errs[5] = strconv.ParseInt(f[6], 10, 64)
-	case len(f) == 6 && f[0] == "X":
+		r.bornUS, errs[6] = strconv.ParseInt(f[7], 10, 64)
+	case len(f) == 7 && f[0] == "X":
 		r.gen, errs[0] = strconv.Atoi(f[1])
 		r.demand, errs[1] = strconv.ParseFloat(f[2], 64)
 		r.atUS, errs[2] = strconv.ParseInt(f[3], 10, 64)
 		r.asked, errs[3] = strconv.ParseFloat(f[4], 64)
 		r.expiryUS, errs[4] = strconv.ParseInt(f[5], 10, 64)
+		r.bornUS, errs[6] = strconv.ParseInt(f[6], 10, 64)
 	default:
-		return record{}, fmt.Errorf("%q: want L and 6 fields or X and 5", v)
+		return record{}, fmt.Errorf("%q: want L and 7 fields or X and 6", v)
 	}
 	if err := errors.Join(errs[:]...); err != nil {
 		return record{}, err
@@ -91,6 +97,7 @@ type placementHash struct {
 	tokens  float64 // the pool's tokens as stored at poolAt, if hasPool
 	poolAt  int64
 	lost    int64             // until when Redis lost records, 0 if not
+	known   float64           // the grants claimed since the loss (see capacity in placement.lua)
 	queue   string            // the latest turn, "at_us instance", "" if none
 	raw     map[string]string // every field as stored
 }
@@ -125,7 +132,7 @@ func readPlacement(t testing.TB, rdb redis.Scripter, key string) placementHash {
 			h.hasPool = true
 			_, err = fmt.Sscanf(val, "%g %d", &h.tokens, &h.poolAt)
 		case id == "lost":
-			h.lost, err = strconv.ParseInt(val, 10, 64)
+			_, err = fmt.Sscanf(val, "%d %g", &h.lost, &h.known)
 		case id == "q":
 			h.queue = val
 		case strings.HasPrefix(id, "i:"):
@@ -154,13 +161,7 @@ func (h placementHash) held() float64 {
 func (h placementHash) poolFrac(rate float64, n int) float64 {
 	f := max(0, min(1, 1-h.held()/rate))
 	if h.lost > h.now {
-		users := 0
-		for _, r := range h.records {
-			if !r.lease && r.live(h.now) {
-				users++
-			}
-		}
-		f = min(f, float64(users)/float64(n))
+		f = min(f, max(0, h.known-h.held())/rate)
 	}
 	return f
 }
@@ -390,9 +391,9 @@ func TestAskLeasesRunningClaim(t *testing.T) {
 }
 
 // TestAskLeasesLost: after FLUSHALL, an ask that says it runs a grant
-// proves that Redis lost its records: until MaxTTL later every grant is
-// capped at its ask's Running, and the pool holds at most the exact
-// users' shares of the rate (X/N).
+// proves that Redis lost its records: until MaxTTL later the grants and
+// the pool hold at most what was claimed since (known): an instance that
+// claims nothing gets only what a claimer gave up.
 func TestAskLeasesLost(t *testing.T) {
 	const (
 		rate   = 100.0
@@ -421,11 +422,27 @@ func TestAskLeasesLost(t *testing.T) {
 	if g := ask(t, store, req("c", rate, 0)); g.Granted != 0 || !g.Lost {
 		t.Fatalf("c after the loss = %+v, want granted 0, lost", g)
 	}
-	// One exact user of 4 while lost: the pool holds at most a quarter.
-	tk, err := store.TakePool(context.Background(), global.PoolTake{Limit: "lost", Key: "k", Instance: "d", Gen: 1,
-		Rate: rate, Burst: 100, Instances: n, N: 1, TTL: time.Second, Asked: 1})
-	if err != nil || !approx(tk.PoolRate, rate/n) || !approx(tk.PoolBurst, 100.0/n) {
-		t.Fatalf("take while lost = %+v, %v; want a pool of rate/4 and burst/4", tk, err)
+	// a claimed 62.5 and holds it: nothing is left for the pool.
+	take := func() global.Take {
+		tk, err := store.TakePool(context.Background(), global.PoolTake{Limit: "lost", Key: "k", Instance: "d", Gen: 1,
+			Rate: rate, Burst: 100, Instances: n, N: 1, TTL: time.Second, Asked: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	if tk := take(); tk.PoolRate != 0 {
+		t.Fatalf("take while lost = %+v; want a pool without rate: a holds what was claimed", tk)
+	}
+	// a gives up 22.5 (its claim ends with the ask's RunningFor): the pool
+	// may hold what it gave up, and no more.
+	short := req("a", 40, 62.5)
+	short.RunningFor = time.Microsecond
+	if g := ask(t, store, short); !approx(g.Granted, 40) {
+		t.Fatalf("a shrinking while lost = %+v, want granted 40", g)
+	}
+	if tk := take(); !approx(tk.PoolRate, 62.5-40) {
+		t.Fatalf("take while lost after a shrank = %+v; want a pool of what a gave up, 22.5/s", tk)
 	}
 	var g global.LeaseGrant
 	eventually(t, "a's grant to grow after MaxTTL", func() bool {
@@ -738,5 +755,41 @@ func (c *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		c.pipelines.Add(1)
 		c.cmds.Add(int64(len(cmds)))
 		return next(ctx, cmds)
+	}
+}
+
+// TestAskLeasesYoungDemand: another instance's demand counts in an ask's
+// fair share only once it has lasted the ask's YoungFor, from its first
+// record on, whichever placement its records are in: a pulse that may end
+// before a cut lands takes only what is free.
+func TestAskLeasesYoungDemand(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	store := global.New(rdb, "")
+	ctx := context.Background()
+	const rate = 100.0
+	key := store.RecordKey("young", "k")
+	// b's demand begins: an exact record, then a lease it asks for.
+	if _, err := store.TakePool(ctx, global.PoolTake{Limit: "young", Key: "k", Instance: "b", Gen: 1, Rate: rate,
+		Burst: 10, Instances: 2, N: 1, TTL: time.Minute, Asked: 50}); err != nil {
+		t.Fatal(err)
+	}
+	born := readPlacement(t, rdb, key).records["b"].bornUS
+	ask(t, store, global.LeaseAsk{Limit: "young", Key: "k", Instance: "b", Gen: 3, Want: rate, Rate: rate, Burst: 10,
+		Instances: 2, TTL: time.Minute})
+	if r := readPlacement(t, rdb, key).records["b"]; !r.lease || r.bornUS != born {
+		t.Fatalf("b's lease %+v: want it born when its exact record was, %d", r, born)
+	}
+	a := func(young time.Duration) global.LeaseGrant {
+		return ask(t, store, global.LeaseAsk{Limit: "young", Key: "k", Instance: "a", Gen: 1, Want: rate, Rate: rate, Burst: 10,
+			Instances: 2, TTL: time.Minute, YoungFor: young})
+	}
+	// b's demand is young for a minute: a's fair share is all it wants.
+	if g := a(time.Minute); g.Fair != rate || g.Contended {
+		t.Errorf("a beside b's young want: %+v, want a fair share of the whole rate, uncontended", g)
+	}
+	// Counted at once: half each.
+	if g := a(0); g.Fair != rate/2 || !g.Contended {
+		t.Errorf("a beside b's want, counted: %+v, want a fair share of half the rate, contended", g)
 	}
 }

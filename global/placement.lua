@@ -3,7 +3,7 @@
 --
 -- Fields:
 --   "i:<instance>"  the instance's record, one of
---     "L gen granted want expiry_us claim claim_until_us"
+--     "L gen granted want expiry_us claim claim_until_us born_us"
 --                   a lease: the instance may admit granted tokens/s until
 --                   expiry_us, and said it runs claim tokens/s until
 --                   claim_until_us (what it runs until it hears the answer
@@ -11,7 +11,7 @@
 --                   of the two while each lasts (holds), and the same part
 --                   of the burst, burst * holds / rate. Its want counts as
 --                   demand while expiry_us is ahead;
---     "X gen demand at_us asked expiry_us"
+--     "X gen demand at_us asked expiry_us born_us"
 --                   an exact user: it runs nothing locally and takes each
 --                   decision from the pool (take.lua), so it holds 0.
 --                   demand is in tokens/s at at_us, decayed over
@@ -22,9 +22,21 @@
 --                   latest take that wrote the record;
 --                   gen (1 to 255) is the instance's placement generation,
 --                   bumped at every change of placement; see newer;
+--                   born_us is when the instance's demand on the key
+--                   began: its first record, kept by every record that
+--                   replaces one of the same instance's. A record younger
+--                   than the ask's young_us (ask.lua) does not cut the
+--                   other leases' fair shares: a pulse that may end before
+--                   a cut lands takes only what is free;
 --   "p"             the pool, a token bucket "tokens last_us". A missing
 --                   pool is full;
---   "lost"          "until_us": Redis lost records that instances may run
+--   "lost"          "until_us known": Redis lost records that instances may
+--                   run until until_us; known is the sum of the grants the
+--                   instances said they ran when they found their records
+--                   gone (ask.lua): of what ran before the loss, only that
+--                   is known. Until until_us, grants and the pool together
+--                   hold at most known (see capacity): they grow only into
+--                   what those instances gave up since;
 --                   until then (ask.lua);
 --   "q"             "at_us instance": the latest turn handed out (take.lua).
 -- Records are live until they end (record_end), and deleted once they
@@ -32,7 +44,7 @@
 --
 -- The pool is the part of the rate and burst that no lease holds: a
 -- fraction f = clamp(1 - H/rate, 0, 1) of both, H being what all the lease
--- records hold; while lost, at most X/n, X being the number of exact users
+-- records hold; while lost, at most what known leaves (capacity)
 -- (pool_frac). Nobody without a record runs anything, so Redis counts every
 -- instance at what it may be running: the sum of what the lease records
 -- hold and of the pool's rate is at most the rate, and the same of the
@@ -81,17 +93,17 @@ end
 local function decode(v)
   local f = {}
   for w in string.gmatch(v, '%S+') do f[#f + 1] = w end
-  if f[1] == 'L' and #f == 7 then
+  if f[1] == 'L' and #f == 8 then
     local r = {kind = 'L', gen = gen_of(f[2]), granted = num(f[3]), want = num(f[4]),
-      expiry = num(f[5]), claim = num(f[6]), claim_until = num(f[7])}
-    if r.gen and r.granted and r.want and r.expiry and r.claim and r.claim_until
+      expiry = num(f[5]), claim = num(f[6]), claim_until = num(f[7]), born = num(f[8])}
+    if r.gen and r.granted and r.want and r.expiry and r.claim and r.claim_until and r.born
       and r.granted >= 0 and r.want >= 0 and r.claim >= 0 then
       return r
     end
-  elseif f[1] == 'X' and #f == 6 then
+  elseif f[1] == 'X' and #f == 7 then
     local r = {kind = 'X', gen = gen_of(f[2]), demand = num(f[3]), at = num(f[4]),
-      asked = num(f[5]), expiry = num(f[6])}
-    if r.gen and r.demand and r.at and r.asked and r.expiry and r.demand >= 0 and r.asked >= 0 then
+      asked = num(f[5]), expiry = num(f[6]), born = num(f[7])}
+    if r.gen and r.demand and r.at and r.asked and r.expiry and r.born and r.demand >= 0 and r.asked >= 0 then
       return r
     end
   end
@@ -101,10 +113,10 @@ end
 -- encode writes record r for decode.
 local function encode(r)
   if r.kind == 'L' then
-    return string.format('L %d %.17g %.17g %d %.17g %d',
-      r.gen, r.granted, r.want, r.expiry, r.claim, r.claim_until)
+    return string.format('L %d %.17g %.17g %d %.17g %d %d',
+      r.gen, r.granted, r.want, r.expiry, r.claim, r.claim_until, r.born)
   end
-  return string.format('X %d %.17g %d %.17g %d', r.gen, r.demand, r.at, r.asked, r.expiry)
+  return string.format('X %d %.17g %d %.17g %d %d', r.gen, r.demand, r.at, r.asked, r.expiry, r.born)
 end
 
 -- holds is the rate the instance of record r may be running at now: for a
@@ -146,9 +158,10 @@ local function read_hash(fields, inst, now)
       ok = tokens ~= nil and last ~= nil and tokens >= 0
       if ok then h.pool = {tokens = tokens, last = last} end
     elseif id == 'lost' then
-      local e = num(v)
-      ok = e ~= nil and e > now
-      if ok then h.lost = e end
+      local a, b = string.match(v, '^(%S+) (%S+)$')
+      local e, k = num(a), num(b)
+      ok = e ~= nil and k ~= nil and e > now and k >= 0
+      if ok then h.lost, h.known = e, k end
     elseif id == 'q' then
       local a, by = string.match(v, '^(%S+) (.+)$')
       local e = num(a)
@@ -182,15 +195,23 @@ local function held_by_others(h, now)
   return s
 end
 
+-- capacity is how much of the rate grants and the pool may hold beyond
+-- held, what the lease records hold, while Redis has lost records: what
+-- the known grants of before the loss (known) leave. Leases of before the
+-- loss that no instance has claimed since may still run: they and the
+-- lost pool held at most the rate less known.
+local function capacity(held, known)
+  return math.max(0, known - held)
+end
+
 -- pool_frac is the fraction of the rate and of the burst that the pool
--- holds when the lease records hold held in all, users exact users are
--- live, and lost is until when Redis lost records (nil: it did not). While
--- lost, the pool holds at most what the exact users' default shares would,
--- users/n: the instances that still run leases Redis forgot are not
--- counted in held.
-local function pool_frac(held, rate, users, n, lost)
+-- holds when the lease records hold held in all, and lost is until when
+-- Redis lost records (nil: it did not), known what was claimed of them:
+-- while lost, at most what known leaves (capacity), since the leases Redis
+-- forgot that no instance has claimed may still run.
+local function pool_frac(held, rate, lost, known)
   local f = math.max(0, math.min(1, 1 - held / rate))
-  if lost ~= nil then f = math.min(f, users / n) end
+  if lost ~= nil then f = math.min(f, capacity(held, known) / rate) end
   return f
 end
 

@@ -53,18 +53,14 @@ local keep = own ~= nil and own.kind == 'L' and not newer(gen, own.gen)
 local stale = own ~= nil and own.kind == 'X' and newer(own.gen, gen)
 
 -- The pool refills at the size the records gave it until now: with an
--- older lease of the caller's, which is dropped from now on. While lost,
--- the caller counts as an exact user whether it has an exact record yet
--- or this take writes it; not when its lease is kept, which counts it.
+-- older lease of the caller's, which is dropped from now on.
 local others = held_by_others(h, now)
 local held_before, held_after = others, others
 if own ~= nil then held_before = held_before + holds(own, now) end
 if keep then held_after = held_after + holds(own, now) end
-local users = #h.exact
-if not keep then users = users + 1 end
-local f = pool_frac(held_after, rate, users, n, h.lost)
+local f = pool_frac(held_after, rate, h.lost, h.known)
 local pool_rate, pool_burst = rate * f, burst * f
-local tokens = math.min(pool_at(h.pool, now, rate, burst, pool_frac(held_before, rate, users, n, h.lost)), pool_burst)
+local tokens = math.min(pool_at(h.pool, now, rate, burst, pool_frac(held_before, rate, h.lost, h.known)), pool_burst)
 
 -- The caller's record as the take leaves it, and its demand.
 local mine = own
@@ -86,7 +82,9 @@ else
   else
     demand = take * 1000000 / demand_tau
   end
-  mine = {kind = 'X', gen = gen, demand = demand, at = now, asked = asked, expiry = now + ttl}
+  local born = now
+  if own ~= nil then born = own.born end
+  mine = {kind = 'X', gen = gen, demand = demand, at = now, asked = asked, expiry = now + ttl, born = born}
 end
 
 -- refill is the rate the turns are worked out at: the pool's, or for an

@@ -338,7 +338,7 @@ func TestIdleLeasesStopRenewing(t *testing.T) {
 	if extra < 1 {
 		t.Errorf("the lease left Redis without a release (%d more commands)", extra)
 	}
-	eventually(t, 2*time.Second, "the key back on its default share", func() bool {
+	eventually(t, 2*time.Second, "the key back to exact decisions", func() bool {
 		st := mustStatus(t, l, "api")
 		return st.Keys == 1 && st.LeasedRate == 0
 	})

@@ -239,6 +239,7 @@ func (l *Limiter) evict(now time.Time, ls *limitEntry, b *batch) {
 		b.outs = ls.pol.Forget(k, b.outs[:0])
 		l.carryOut(ls, b)
 	}
+	ls.pol.Compact()
 }
 
 // collect adds to b the lease asks and releases of ls that are due, puts
@@ -294,6 +295,9 @@ func (l *Limiter) leaseAsk(ls *limitEntry, o *placement.Out) global.LeaseAsk {
 		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1),
 		TTL: max(o.TTL, l.cfg.ContendedTTL), MaxTTL: l.cfg.UncontendedTTL,
 		Running: o.Running, RunningFor: o.RunningFor, Drain: o.Drain,
+		// What a contended key's renewal takes to land: a shorter pulse
+		// elsewhere would end before the cut it asked for.
+		YoungFor: l.cfg.ContendedTTL / placement.RenewDivisor,
 	}
 }
 
@@ -342,7 +346,7 @@ func (l *Limiter) renew(sent time.Time, b *batch) {
 			continue
 		}
 		r.ls.keys.SetFlag(r.o.Key, false)
-		g := placement.Grant{Granted: res.Granted, Fair: res.Fair, Contended: res.Contended,
+		g := placement.Grant{Granted: res.Granted, Fair: res.Fair, Demand: res.Demand, Contended: res.Contended,
 			Lost: res.Lost, Stale: res.Stale, In: res.In, Drained: res.Drained}
 		b.outs = r.ls.pol.Answer(sent, &r.o, &g, b.outs[:0])
 		for _, o := range b.outs {

@@ -589,12 +589,13 @@ func (l *Limiter) SetNewMark(m uint8) {
 // SetMark sets key's mark, a small number the caller gives a meaning to
 // (package hybrid marks keys decided in Redis); 0 clears it. A marked key
 // is not decided here: AllowN counts its attempt and reports its mark and
-// hold. Marking or unmarking clears the hold and empties the key's
+// hold. SetMark ends a lease in force (see Lease), even one that would
+// have ended into the same mark. Marking or unmarking clears the hold and empties the key's
 // bucket; an unmarked key runs the smaller of its share and the default
 // until Assign or Unassign. It reports false if the key does not exist.
 func (l *Limiter) SetMark(key string, m uint8) bool {
 	return l.with(key, func(sh *shard, e *entry) {
-		if e.mark == m {
+		if e.mark == m && !e.assigned {
 			return
 		}
 		e.mark = m

@@ -101,3 +101,50 @@ func TestAssignNewAndZeroShare(t *testing.T) {
 		t.Fatalf("evicted %v after its assignment ended; want the key", ev)
 	}
 }
+
+// TestLease: a key runs a lease only while it is in force, and is marked
+// with the lease's next mark once it ends, with no call in between; SetMark
+// ends a lease at once, even into the same mark; a hold never extends it;
+// a fresh lease starts with the tokens given it, a renewal keeps its
+// bucket's.
+func TestLease(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, err := New(Config{Limit: 100, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetNewMark(1)
+	if r := l.Allow(t0, "k"); r.Mark != 1 || r.Attempted != 1 {
+		t.Fatalf("a new key: %+v, want marked 1, one token asked for", r)
+	}
+	until := t0.Add(time.Second)
+	if !l.Lease(t0, "k", Share{Limit: 10, Burst: 5}, until, 3, 2) {
+		t.Fatal("Lease of an existing key reported false")
+	}
+	for i, want := range []bool{true, true, false} { // the 2 tokens given, then none
+		if r := l.Allow(t0, "k"); r.Mark != 0 || r.Allowed != want || !r.Assigned {
+			t.Fatalf("decision %d on the fresh lease: %+v, want allowed=%v, decided here", i, r, want)
+		}
+	}
+	if l.SetHold("k", 3, t0.Add(time.Hour)) {
+		t.Error("SetHold on a key running a lease reported true")
+	}
+	// Renewed: the bucket keeps its tokens, refilled at the new rate.
+	l.Lease(t0.Add(500*time.Millisecond), "k", Share{Limit: 20, Burst: 5}, t0.Add(2*time.Second), 5, 5)
+	if r := l.Allow(t0.Add(500*time.Millisecond), "k"); !r.Allowed || r.Remaining != 4 {
+		t.Errorf("after a renewal: %+v, want allowed with 4 left (5 refilled at 10/s, none given)", r)
+	}
+	if r := l.Allow(t0.Add(2*time.Second), "k"); r.Mark != 5 || r.Allowed {
+		t.Errorf("at the lease's end: %+v, want marked 5, decided by the caller", r)
+	}
+	l.Lease(t0.Add(3*time.Second), "k", Share{Limit: 20, Burst: 5}, t0.Add(4*time.Second), 7, 0)
+	if !l.SetMark("k", 7) {
+		t.Fatal("SetMark of an existing key reported false")
+	}
+	if r := l.Allow(t0.Add(3*time.Second), "k"); r.Mark != 7 {
+		t.Errorf("after SetMark into the lease's own next mark: %+v, want marked 7", r)
+	}
+	if st, _ := l.Stats("k"); st.Assigned {
+		t.Errorf("stats after SetMark: %+v, want no lease in force", st)
+	}
+}

@@ -69,8 +69,9 @@ const (
 	// A lease renews once 1/RenewDivisor of its lifetime has passed, so
 	// that a renewal that fails leaves time for more before it ends.
 	RenewDivisor = 2
-	// SettleAfter renewals in a row whose grant moved by at most
-	// SettledWithin of itself make a lease settled: its lifetime then
+	// SettleAfter renewals in a row whose grant, and the demand of the
+	// key's instances, moved by at most SettledWithin make a lease
+	// settled: its lifetime then
 	// grows SettledGrowth times at each further renewal, from
 	// ContendedTTL up to UncontendedTTL, so that a steady key costs a
 	// renewal every few seconds, while a key whose share still moves
@@ -80,15 +81,12 @@ const (
 	SettledGrowth = 4
 	// A leased key renews early, at most every EarlyTicks ticks, when its
 	// want falls below Shrink of its grant (it would free a quarter for
-	// the others) or, if its grant is below its fair share, rises above
-	// Grow times its grant (it could take more): demand follows traffic
+	// the others, if they want it: contended) or rises above Grow times
+	// what it last asked for (it may get more): demand follows traffic
 	// within a renewal or two.
 	Shrink     = 0.75
 	Grow       = 1.25
 	EarlyTicks = 2
-	// BelowFair is the part of its fair share below which a contended
-	// grant may take more when its demand grows (see early).
-	BelowFair = 0.99
 )
 
 // State is where a key stands on this instance.
@@ -191,6 +189,7 @@ type Out struct {
 // Grant is Redis's answer to an Ask, as global.LeaseGrant has it.
 type Grant struct {
 	Granted, Fair          float64
+	Demand                 float64 // the sum of the wants Redis counted
 	Contended, Lost, Stale bool
 	In                     time.Duration // the lease's lifetime from when Redis ran the ask
 	Drained                int
@@ -232,7 +231,8 @@ type key struct {
 	until     instant // Leased: when the grant ends here
 	renewAt   instant // Leased: when the next renewal is due; Exact: not before then may it ask
 	sentAt    instant // when the last ask went out
-	stable    uint8   // renewals in a row that moved the grant by at most SettledWithin
+	total     float64 // the demand of the key's instances in the last answer (Grant.Demand)
+	stable    uint8   // renewals in a row that moved the grant, and the demand, by at most SettledWithin
 	contended bool
 }
 
@@ -242,6 +242,7 @@ type Policy struct {
 	cfg   Config
 	epoch time.Time // instants count from here
 	keys  map[string]*key
+	peak  int // the most keys since the map was last rebuilt (see Compact)
 	// degraded: Redis is taken to be unreachable; nothing is sent, and
 	// leases run out into the exact placement (where decisions follow the
 	// outage policy).
@@ -272,6 +273,25 @@ func (p *Policy) Resettle(now time.Time) {
 		}
 	}
 }
+
+// Compact gives back the memory of keys forgotten since the policy tracked
+// the most (a Go map never shrinks): once fewer than a quarter of that
+// many are left, the map is built anew. The loop calls it after evicting
+// idle keys.
+func (p *Policy) Compact() {
+	if p.peak < compactFrom || len(p.keys) >= p.peak/4 {
+		return
+	}
+	keys := make(map[string]*key, len(p.keys))
+	for name, k := range p.keys {
+		keys[name] = k
+	}
+	p.keys, p.peak = keys, len(keys)
+}
+
+// compactFrom is the fewest keys a map must have held for Compact to
+// rebuild it: below, the memory is not worth the copy.
+const compactFrom = 64
 
 // Len returns the number of keys the policy tracks: those that left their
 // first exact placement, until they are forgotten.

@@ -319,6 +319,43 @@ func TestShrinkIsToldAtOnce(t *testing.T) {
 	}
 }
 
+// A contended lease whose want grows past what it last asked for renews
+// early, however its grant compares with its fair share: the others may
+// have less demand now.
+func TestEarlyGrowth(t *testing.T) {
+	h := newHarness(t, cfg(300, 45), 4)
+	for k := 1; k < 20; k++ {
+		h.tick(k, 2) // 40/s
+		if h.last != nil {
+			h.answer(Grant{Granted: 44, Fair: 44, Contended: true, In: 5 * time.Second})
+		}
+	}
+	got, k := "", 20
+	for ; got == "" && k < 40; k++ {
+		got = h.tick(k, 20) // 400/s
+	}
+	if !strings.HasPrefix(got, "ask ") || k > 30 {
+		t.Fatalf("tick %d: %q, want an early renewal within half a second of the jump", k-1, got)
+	}
+}
+
+// A lease settles, its lifetime growing, only while both its grant and the
+// demand of the key's instances stay put: a demand that moves (a pulse
+// elsewhere, starting or ending) keeps renewals a contended lifetime apart.
+func TestMovingDemandKeepsLeasesShort(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	total := 1100.0
+	for k := 1; k < 120; k++ {
+		if got := h.tick(k, 50); strings.HasPrefix(got, "ask ") {
+			if !strings.Contains(got, "ttl=600ms") {
+				t.Fatalf("tick %d: %q, want a contended lifetime while the demand moves", k, got)
+			}
+			total *= 1.5 // the others' demand moves at every answer
+			h.answer(Grant{Granted: 250, Fair: 250, Demand: total, Contended: true, In: 600 * time.Millisecond})
+		}
+	}
+}
+
 // While Redis is taken to be unreachable nothing is sent: a grant runs
 // out into the exact placement, and a key worth a lease does not ask.
 func TestDegraded(t *testing.T) {
@@ -380,5 +417,35 @@ func TestDemandFollowsTraffic(t *testing.T) {
 	}
 	if k.demand > 400*0.15 {
 		t.Errorf("demand %.1f 1.2 s after traffic stopped, want below 60", k.demand)
+	}
+}
+
+// Compact rebuilds the map once fewer than a quarter of the most keys it
+// held are left, keeping every key's state.
+func TestCompact(t *testing.T) {
+	p := New(cfg(1000, 100))
+	for i := range 100 {
+		st := Stats{Key: fmt.Sprint(i), Asked: 50, Created: at(0), LastSeen: at(1)}
+		p.Step(at(1), 4, &st, nil, nil)
+	}
+	if p.Len() != 100 {
+		t.Fatalf("%d keys tracked, want 100", p.Len())
+	}
+	for i := range 70 {
+		p.Forget(fmt.Sprint(i), nil)
+	}
+	p.Compact()
+	if p.peak != 100 {
+		t.Errorf("30 of 100 keys left: rebuilt (peak %d), want the map kept", p.peak)
+	}
+	for i := 70; i < 80; i++ {
+		p.Forget(fmt.Sprint(i), nil)
+	}
+	p.Compact()
+	if p.peak != 20 || p.Len() != 20 {
+		t.Errorf("20 of 100 keys left: %d keys, peak %d; want it rebuilt, 20 and 20", p.Len(), p.peak)
+	}
+	if st, gen := p.State("99"); st != Asking || gen != 3 {
+		t.Errorf("key 99 after the rebuild: %v gen %d, want asking 3", st, gen)
 	}
 }

@@ -94,6 +94,7 @@ func (p *Policy) track(t instant, n int, st *Stats) *key {
 	}
 	k := &key{state: Exact, gen: FirstGen, demand: d, asked: st.Asked, seenAt: t}
 	p.keys[st.Key] = k
+	p.peak = max(p.peak, len(p.keys))
 	return k
 }
 
@@ -130,7 +131,9 @@ func (p *Policy) early(t instant, k *key) bool {
 		// nothing to free.
 		return w > k.granted
 	}
-	return w < k.granted*Shrink || (k.granted < k.fair*BelowFair && w > k.granted*Grow)
+	// A want that grew may get more; a grant it no longer uses goes to
+	// the others.
+	return w < k.granted*Shrink || w > k.want*Grow
 }
 
 // want is what a key of demand d asks for.
@@ -211,11 +214,15 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		// replace the record this ask left.
 		return p.toExact(k, o.Key, out)
 	}
-	if k.state == Leased && math.Abs(g.Granted-k.granted) <= SettledWithin*k.granted {
+	if k.state == Leased && math.Abs(g.Granted-k.granted) <= SettledWithin*k.granted &&
+		math.Abs(g.Demand-k.total) <= SettledWithin*k.total {
 		k.stable = min(k.stable+1, math.MaxUint8)
 	} else {
+		// The grant moved, or the others' demand did: it may move
+		// again soon, as a pulse elsewhere ends.
 		k.stable = 0
 	}
+	k.total = g.Demand
 	shrank := k.state == Leased && g.Granted < k.granted*(1-SettledWithin)
 	k.state, k.granted, k.fair, k.contended = Leased, g.Granted, g.Fair, g.Contended
 	k.until = s.add(time.Duration(float64(g.In) * EndEarly))

@@ -38,7 +38,7 @@ const (
 	// Headroom multiplies a key's measured demand into its want, so that a
 	// key whose demand grows a little is not starved until its next
 	// renewal.
-	Headroom = 1.1
+	Headroom = 1.05
 	// MinWantFraction of the rate is the least a leased key asks for.
 	MinWantFraction = 1e-3
 
@@ -56,6 +56,18 @@ const (
 	LeaveBurst   = 2.0
 	EnterRenewal = 2.0
 	LeaveRenewal = 0.5
+	// A key whose last two looks saw fewer than FallBelow of the tokens
+	// its demand would have brought, when that is FallTokens or more, has
+	// fallen: its demand is what those looks saw, at once, and not an
+	// average that lets a pulse that ended go on wanting (and asking
+	// for) a share for a second. One whose looks saw more than RiseAbove
+	// times those tokens, FallTokens or more, has risen: its demand is
+	// what they saw, so that its want follows traffic that moved to it
+	// within a renewal, not a second. FallTokens keeps sparse keys, whose
+	// few arrivals per look say nothing of either, on the average.
+	FallBelow  = 0.25
+	RiseAbove  = 2.0
+	FallTokens = 8
 	// MinTokens is the least number of tokens a key not yet tracked must
 	// have asked for before its demand is believed: one or two requests
 	// close together measure a rate that says nothing.
@@ -87,6 +99,10 @@ const (
 	Shrink     = 0.75
 	Grow       = 1.25
 	EarlyTicks = 2
+	// A grant below Starved of its fair share is held down by others
+	// that hold more than theirs until they renew: the key asks again a
+	// contended renewal period later, whatever its lease's lifetime.
+	Starved = 0.9
 )
 
 // State is where a key stands on this instance.
@@ -219,11 +235,14 @@ const FirstGen uint8 = 1
 type key struct {
 	state State
 	gen   uint8 // of the state: an exact key's mark, an ask's or a lease's generation
-	// demand is the key's measured demand here, tokens per second: a
-	// count of its tokens decayed over ContendedTTL (see observe).
+	// demand is the key's measured demand here, tokens per second: an
+	// average of its rates between looks, weighted over ContendedTTL,
+	// that drops at once when the traffic does (see observe).
 	demand    float64
 	asked     int64   // Stats.Asked when demand was last updated
 	seenAt    instant // when demand was last updated
+	asked0    int64   // ... and at the update before
+	seenAt0   instant
 	granted   float64 // the grant in force (Leased)
 	fair      float64 // this instance's fair share in the last answer; 0 before one
 	want      float64 // of the last ask

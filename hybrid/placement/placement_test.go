@@ -261,18 +261,41 @@ func TestLapse(t *testing.T) {
 	}
 }
 
-// A leased key without decisions for half the uncontended lifetime goes
-// exact and then releases its record: it never runs a grant Redis has let
-// go. (Uncontended: a contended one renews early to free what it no longer
-// uses, see TestEarlyRenewal.)
-func TestIdleRelease(t *testing.T) {
+// A leased key whose decisions stop goes exact and then releases its
+// record, once its demand would not fill half a token per renewal period,
+// or at the latest when it has been idle for half the uncontended
+// lifetime: it never runs a grant Redis has let go. (A sparse key: a busy
+// one falls first, see TestFallReleases.)
+func TestQuietLeaseReleases(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	for k := 1; k <= 4; k++ {
+		h.tick(k, 2) // 40/s
+	}
+	h.answer(Grant{Granted: 1000, Fair: 1000, In: 5 * time.Second})
+	// Its demand decays, and below what a renewal period would fill
+	// with half a token (LeaveRenewal) it goes back, before idle would.
+	for k := 5; k < 43; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 0), "")
+	}
+	expect(t, "tick 43", h.tick(43, 0), "mark gen=4; release gen=4")
+}
+
+// A busy key whose traffic stops falls at once: over two looks it saw
+// none of the tokens its demand would have brought. Leased, it goes exact
+// and releases its record then, not a second or more later.
+func TestFallReleases(t *testing.T) {
 	h := newHarness(t, cfg(1000, 100), 4)
 	h.tick(1, 50)
 	h.answer(Grant{Granted: 1000, Fair: 1000, In: 5 * time.Second})
-	for k := 2; k < 51; k++ {
-		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 0), "")
+	for k := 2; k < 10; k++ {
+		h.tick(k, 50)
 	}
-	expect(t, "tick 51", h.tick(51, 0), "mark gen=4; release gen=4")
+	expect(t, "tick 10", h.tick(10, 0), "")
+	st, gen := h.p.State("k")
+	expect(t, "tick 11", h.tick(11, 0), fmt.Sprintf("mark gen=%d; release gen=%d", gen+1, gen+1))
+	if st != Leased {
+		t.Errorf("before the fall: %v, want leased", st)
+	}
 }
 
 // A contended lease whose demand falls renews early, so that the others

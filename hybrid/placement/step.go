@@ -53,7 +53,10 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 		switch {
 		case p.degraded:
 		case idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
+			// The record its asks left shows Redis a want that is gone:
+			// release it, once the key is exact.
 			out = p.toExact(k, st.Key, out)
+			out = append(out, Out{Kind: Release, Key: st.Key, Gen: k.gen})
 		case t >= k.renewAt:
 			out = append(out, p.ask(t, st.Key, k, true))
 		}
@@ -173,7 +176,9 @@ func (p *Policy) toExact(k *key, name string, out []Out) []Out {
 
 // observe updates k's demand with the tokens asked for since it was last
 // updated: an exponentially weighted average of the rates between looks,
-// weighted by how long each lasted, over tau.
+// weighted by how long each lasted, over tau; or, when the last two looks
+// saw the traffic fall far below it or rise far above it (see FallBelow),
+// what they saw.
 func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	dt := t.sub(k.seenAt)
 	if dt <= 0 {
@@ -182,6 +187,14 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	rate := float64(max(0, asked-k.asked)) / dt.Seconds()
 	a := math.Exp(-float64(dt) / float64(tau))
 	k.demand = k.demand*a + rate*(1-a)
+	if span := t.sub(k.seenAt0); k.seenAt0 != 0 && span > 0 {
+		expected := k.demand * span.Seconds()
+		saw := float64(max(0, asked-k.asked0))
+		if (expected >= FallTokens && saw < FallBelow*expected) || (saw >= FallTokens && saw > RiseAbove*expected) {
+			k.demand = saw / span.Seconds()
+		}
+	}
+	k.asked0, k.seenAt0 = k.asked, k.seenAt
 	k.asked, k.seenAt = asked, t
 }
 
@@ -227,11 +240,16 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 	k.state, k.granted, k.fair, k.contended = Leased, g.Granted, g.Fair, g.Contended
 	k.until = s.add(time.Duration(float64(g.In) * EndEarly))
 	k.renewAt = s.add(g.In / RenewDivisor)
-	if shrank {
+	switch {
+	case shrank:
 		// Redis counts the larger grant this ask said the key ran until
 		// that grant ends: say at the next tick that it runs the smaller
 		// one, so that what it gave up goes to the others at once.
 		k.renewAt = s.add(p.cfg.Tick)
+	case g.Granted < g.Fair*Starved:
+		// Others hold more than their fair shares until they renew:
+		// ask again a contended renewal later for what they give back.
+		k.renewAt = min(k.renewAt, s.add(p.cfg.ContendedTTL/RenewDivisor))
 	}
 	k.ttl = p.nextTTL(k)
 	return append(out, Out{Kind: Assign, Key: o.Key, Gen: NextGen(k.gen), Rate: g.Granted, Burst: int(burst),

@@ -113,7 +113,7 @@ func expect(t *testing.T, step string, got, want string) {
 // grow once the grant has settled.
 func TestLeaseLifecycle(t *testing.T) {
 	h := newHarness(t, cfg(1000, 100), 4)
-	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1100 ttl=600ms drain")
+	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1050 ttl=600ms drain")
 	expect(t, "answer", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond, Drained: 7}),
 		"assign gen=4 rate=250 burst=25 until=+590ms give=7")
 	for k := 2; k < 7; k++ {
@@ -124,7 +124,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 	// Renewals at half the lifetime: 600 ms, then 2.4 s and 5 s once three
 	// answers in a row left the grant where it was.
-	expect(t, "tick 7", h.tick(7, 50), "ask gen=5 want=1100 ttl=600ms running=250 for=240ms")
+	expect(t, "tick 7", h.tick(7, 50), "ask gen=5 want=1050 ttl=600ms running=250 for=240ms")
 	expect(t, "renewal 1", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond}),
 		"assign gen=6 rate=250 burst=25 until=+890ms give=0")
 	h.tick(8, 50)
@@ -132,18 +132,18 @@ func TestLeaseLifecycle(t *testing.T) {
 	h.tick(10, 50)
 	h.tick(11, 50)
 	h.tick(12, 50)
-	expect(t, "tick 13", h.tick(13, 50), "ask gen=7 want=1100 ttl=600ms running=250 for=240ms")
+	expect(t, "tick 13", h.tick(13, 50), "ask gen=7 want=1050 ttl=600ms running=250 for=240ms")
 	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
 	for k := 14; k < 19; k++ {
 		h.tick(k, 50)
 	}
-	expect(t, "tick 19", h.tick(19, 50), "ask gen=9 want=1100 ttl=2.4s running=250 for=240ms")
+	expect(t, "tick 19", h.tick(19, 50), "ask gen=9 want=1050 ttl=2.4s running=250 for=240ms")
 	expect(t, "renewal 3", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 2400 * time.Millisecond}),
 		"assign gen=10 rate=250 burst=25 until=+3.11s give=0")
 	for k := 20; k < 43; k++ {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
 	}
-	expect(t, "tick 43", h.tick(43, 50), "ask gen=11 want=1100 ttl=5s running=250 for=960ms")
+	expect(t, "tick 43", h.tick(43, 50), "ask gen=11 want=1050 ttl=5s running=250 for=960ms")
 }
 
 // Keys whose lease would split the burst too finely, or cost more
@@ -211,12 +211,12 @@ func TestUnusableGrant(t *testing.T) {
 		{Stale: true},
 	} {
 		h := newHarness(t, cfg(1000, 100), 4)
-		expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1100 ttl=600ms drain")
+		expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1050 ttl=600ms drain")
 		expect(t, "answer", h.answer(g), "mark gen=4")
 		for k := 2; k < 7; k++ {
 			expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
 		}
-		expect(t, "tick 7", h.tick(7, 50), "ask gen=6 want=1100 ttl=600ms drain")
+		expect(t, "tick 7", h.tick(7, 50), "ask gen=6 want=1050 ttl=600ms drain")
 	}
 }
 
@@ -226,12 +226,12 @@ func TestUnusableGrant(t *testing.T) {
 // shows Redis what it wants, and the others' renewals leave it its share.
 func TestStarvedAskerKeepsAsking(t *testing.T) {
 	h := newHarness(t, cfg(1000, 100), 4)
-	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1100 ttl=600ms drain")
+	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1050 ttl=600ms drain")
 	expect(t, "answer", h.answer(Grant{Granted: 3, Fair: 250, Contended: true, In: 600 * time.Millisecond}), "")
 	for k := 2; k < 7; k++ {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
 	}
-	expect(t, "tick 7", h.tick(7, 50), "ask gen=5 want=1100 ttl=600ms drain")
+	expect(t, "tick 7", h.tick(7, 50), "ask gen=5 want=1050 ttl=600ms drain")
 	expect(t, "answer", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond}),
 		"assign gen=6 rate=250 burst=25 until=+890ms give=0")
 }
@@ -249,7 +249,7 @@ func TestLapse(t *testing.T) {
 	// The grant ends here at 590 ms, 0.9 of its lifetime. Each ask has a
 	// generation of its own; the mark after the last is the key's.
 	for k := 7; k < 12; k++ {
-		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), fmt.Sprintf("ask gen=%d want=1100 ttl=600ms running=250 for=%v", 2*k-9, at(12).Add(-10*time.Millisecond).Sub(at(k))))
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), fmt.Sprintf("ask gen=%d want=1050 ttl=600ms running=250 for=%v", 2*k-9, at(12).Add(-10*time.Millisecond).Sub(at(k))))
 		h.fail()
 	}
 	expect(t, "tick 12", h.tick(12, 50), "mark gen=14")

@@ -53,7 +53,11 @@ type Limiter struct {
 	// the loop last looked: the loop, which may have no lease to renew,
 	// then checks whether Redis is gone.
 	exactFailed atomic.Bool
-	stopWatch   func()
+	// exactAnswered is when an exact decision last got Redis's answer
+	// (Unix nanoseconds): check does not take a PING that a Cluster's
+	// dead node failed for Redis gone.
+	exactAnswered atomic.Int64
+	stopWatch     func()
 	// quotasEvicted is when the loop last evicted the idle keys of the
 	// local quotas (see quotaEvictEvery). Owned by the loop.
 	quotasEvicted time.Time
@@ -518,6 +522,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		ls.failCause.Store(&err)
 		return ls.finish(Decision{RetryAfter: wait, Source: SourceGlobal}), nil
 	}
+	l.exactAnswered.Store(now.UnixNano())
 	if r.Flagged {
 		ls.keys.SetFlag(key, false)
 	}

@@ -157,12 +157,18 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 // PING: an exact decision failed, and no renewal is on its way to tell.
 // Decisions then stop waiting on Redis (invariant 3) and follow their
 // policies, until a probe finds Redis back.
+//
+// On a Cluster the PING goes to one node, perhaps the one that is down:
+// if an exact decision got an answer within the last two ticks, Redis is
+// there, and only some keys' node is not.
 func (l *Limiter) check() {
-	if err := l.ping(); err != nil {
-		l.setAllDegraded(true, &cause{err: err})
+	err := l.ping()
+	now := time.Now()
+	if err == nil || now.Sub(time.Unix(0, l.exactAnswered.Load())) < 2*l.cfg.Tick {
+		l.health.ok(now)
 		return
 	}
-	l.health.ok(time.Now())
+	l.setAllDegraded(true, &cause{err: err})
 }
 
 // reconcile puts the limits as configured now in force in the loop's own

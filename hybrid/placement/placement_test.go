@@ -272,12 +272,13 @@ func TestQuietLeaseReleases(t *testing.T) {
 		h.tick(k, 2) // 40/s
 	}
 	h.answer(Grant{Granted: 1000, Fair: 1000, In: 5 * time.Second})
-	// Its demand decays, and below what a renewal period would fill
-	// with half a token (LeaveRenewal) it goes back, before idle would.
-	for k := 5; k < 43; k++ {
+	// Idle for half the uncontended lifetime from its last decision at
+	// tick 4: its demand decayed, but not below half a token per renewal
+	// period (LeaveRenewal) of its long uncontended lease.
+	for k := 5; k < 54; k++ {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 0), "")
 	}
-	expect(t, "tick 43", h.tick(43, 0), "mark gen=4; release gen=4")
+	expect(t, "tick 54", h.tick(54, 0), "mark gen=4; release gen=4")
 }
 
 // A busy key whose traffic stops falls at once: over two looks it saw

@@ -261,11 +261,17 @@ func (p *Policy) burstOf(r float64) float64 {
 	return math.Floor(float64(p.cfg.Burst)*r/p.cfg.Rate + 1e-9)
 }
 
-// nextTTL is the lifetime the key's next renewal asks for: ContendedTTL
-// until the lease has settled, then growing SettledGrowth times a renewal
-// up to UncontendedTTL.
+// nextTTL is the lifetime the key's next renewal asks for: UncontendedTTL
+// for an uncontended key; for a contended one ContendedTTL until its lease
+// has settled, then growing SettledGrowth times a renewal up to
+// UncontendedTTL.
 func (p *Policy) nextTTL(k *key) time.Duration {
-	if k.stable < SettleAfter-1 {
+	switch {
+	case !k.contended:
+		// Its grant leaves every other instance its share of what
+		// nobody wants: a long lease keeps nobody waiting.
+		return p.cfg.UncontendedTTL
+	case k.stable < SettleAfter-1:
 		return p.cfg.ContendedTTL
 	}
 	return min(p.cfg.UncontendedTTL, k.ttl*SettledGrowth)

@@ -58,13 +58,14 @@ const (
 	LeaveRenewal = 0.5
 	// A key whose last two looks saw fewer than FallBelow of the tokens
 	// its demand would have brought, when that is FallTokens or more, has
-	// fallen: its demand is what those looks saw, at once, and not an
-	// average that lets a pulse that ended go on wanting (and asking
-	// for) a share for a second. One whose looks saw more than RiseAbove
-	// times those tokens, FallTokens or more, has risen: its demand is
-	// what they saw, so that its want follows traffic that moved to it
-	// within a renewal, not a second. FallTokens keeps sparse keys, whose
-	// few arrivals per look say nothing of either, on the average.
+	// fallen: it wants what those looks saw, at once, and not an average
+	// that lets a pulse that ended go on asking for a share for a second
+	// (whether it keeps a lease goes by the average, so that clumps a few
+	// ticks apart do not churn it). One whose looks saw more than
+	// RiseAbove times those tokens, FallTokens or more, has risen: its
+	// demand is what they saw, so that its want follows traffic that moved
+	// to it within a renewal, not a second. FallTokens keeps sparse keys,
+	// whose few arrivals per look say nothing of either, on the average.
 	FallBelow  = 0.25
 	RiseAbove  = 2.0
 	FallTokens = 8
@@ -239,6 +240,7 @@ type key struct {
 	// average of its rates between looks, weighted over ContendedTTL,
 	// that drops at once when the traffic does (see observe).
 	demand    float64
+	now       float64 // demand now, what its wants ask for: demand, or less while the traffic has fallen
 	asked     int64   // Stats.Asked when demand was last updated
 	seenAt    instant // when demand was last updated
 	asked0    int64   // ... and at the update before
@@ -253,6 +255,7 @@ type key struct {
 	total     float64 // the demand of the key's instances in the last answer (Grant.Demand)
 	stable    uint8   // renewals in a row that moved the grant, and the demand, by at most SettledWithin
 	contended bool
+	fell      bool // the last look found the traffic fallen, and the one before had not
 }
 
 // Policy is the placement policy of one Hybrid limit. It is not safe for

@@ -282,20 +282,28 @@ func TestQuietLeaseReleases(t *testing.T) {
 }
 
 // A busy key whose traffic stops falls at once: over two looks it saw
-// none of the tokens its demand would have brought. Leased, it goes exact
-// and releases its record then, not a second or more later.
-func TestFallReleases(t *testing.T) {
+// none of the tokens its demand would have brought. A contended lease then
+// asks for what it wants now, nearly nothing, so that the others can have
+// the rest; it keeps the lease, whose worth goes by the average, until
+// that has decayed (clumps a few ticks apart do not churn it).
+func TestFallShrinks(t *testing.T) {
 	h := newHarness(t, cfg(1000, 100), 4)
 	h.tick(1, 50)
-	h.answer(Grant{Granted: 1000, Fair: 1000, In: 5 * time.Second})
+	h.answer(Grant{Granted: 500, Fair: 500, Contended: true, In: 5 * time.Second})
 	for k := 2; k < 10; k++ {
-		h.tick(k, 50)
+		if got := h.tick(k, 50); got != "" {
+			h.answer(Grant{Granted: 500, Fair: 500, Contended: true, In: 5 * time.Second})
+		}
 	}
-	expect(t, "tick 10", h.tick(10, 0), "")
-	st, gen := h.p.State("k")
-	expect(t, "tick 11", h.tick(11, 0), fmt.Sprintf("mark gen=%d; release gen=%d", gen+1, gen+1))
-	if st != Leased {
-		t.Errorf("before the fall: %v, want leased", st)
+	got := ""
+	for k := 10; k < 13 && got == ""; k++ {
+		got = h.tick(k, 0)
+	}
+	if !strings.HasPrefix(got, "ask ") || !strings.Contains(got, " want=1 ") {
+		t.Fatalf("after the traffic stopped: %q, want an ask for the least want (1/s)", got)
+	}
+	if st, _ := h.p.State("k"); st != Leased {
+		t.Errorf("after the fall: %v, want still leased", st)
 	}
 }
 

@@ -42,42 +42,59 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 	idle := now.Sub(st.LastSeen) >= p.cfg.UncontendedTTL/RenewDivisor
 	switch k.state {
 	case Exact:
-		if !p.degraded && !idle && t >= k.renewAt && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
-			k.state, k.stable, k.ttl = Asking, 0, p.cfg.ContendedTTL
-			out = append(out, p.ask(t, st.Key, k, true))
-		}
+		return p.stepExact(t, n, st.Key, k, idle, out)
 	case Asking:
-		// The last ask got no answer, or a grant too small to run while
-		// others hold more than their fair shares: ask again when due, or
-		// give up if the key is no longer worth it.
-		switch {
-		case p.degraded:
-		case idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
-			// The record its asks left shows Redis a want that is gone:
-			// release it, once the key is exact.
-			out = p.toExact(k, st.Key, out)
+		return p.stepAsking(t, n, st.Key, k, idle, out)
+	}
+	if g != nil {
+		g.Leased += k.granted
+		if k.contended {
+			g.Contended++
+		}
+	}
+	switch {
+	case idle || !p.worth(k.demand, p.fairOf(k, n), k.ttl, LeaveBurst, LeaveRenewal):
+		// Exact first, then the release: the key runs nothing locally
+		// by the time its record goes.
+		out = p.toExact(k, st.Key, out)
+		if !p.degraded {
 			out = append(out, Out{Kind: Release, Key: st.Key, Gen: k.gen})
-		case t >= k.renewAt:
-			out = append(out, p.ask(t, st.Key, k, true))
 		}
-	case Leased:
-		if g != nil {
-			g.Leased += k.granted
-			if k.contended {
-				g.Contended++
-			}
-		}
-		switch {
-		case idle || !p.worth(k.demand, p.fairOf(k, n), k.ttl, LeaveBurst, LeaveRenewal):
-			// Exact first, then the release: the key runs nothing
-			// locally by the time its record goes.
-			out = p.toExact(k, st.Key, out)
-			if !p.degraded {
-				out = append(out, Out{Kind: Release, Key: st.Key, Gen: k.gen})
-			}
-		case !p.degraded && (t >= k.renewAt || p.early(t, k)):
-			out = append(out, p.ask(t, st.Key, k, false))
-		}
+	case !p.degraded && (t >= k.renewAt || p.early(t, k)):
+		out = append(out, p.ask(t, st.Key, k, false))
+	}
+	return out
+}
+
+// stepExact is Step for a key decided exactly: it asks for a lease once
+// worth one. A key whose traffic just fell releases its exact record, whose
+// demand Redis would otherwise count, decaying, for a second or more: a
+// pulse that ended must not cut the others' leases.
+func (p *Policy) stepExact(t instant, n int, name string, k *key, idle bool, out []Out) []Out {
+	switch {
+	case p.degraded:
+	case k.fell:
+		out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
+	case !idle && t >= k.renewAt && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal):
+		k.state, k.stable, k.ttl = Asking, 0, p.cfg.ContendedTTL
+		out = append(out, p.ask(t, name, k, true))
+	}
+	return out
+}
+
+// stepAsking is Step for a key whose last ask got no answer, or a grant
+// too small to run while others hold more than their fair shares: it asks
+// again when due, or gives up if its traffic fell or it is no longer worth
+// a lease, releasing the record its asks left (its want is gone) once it
+// is exact.
+func (p *Policy) stepAsking(t instant, n int, name string, k *key, idle bool, out []Out) []Out {
+	switch {
+	case p.degraded:
+	case k.fell || idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
+		out = p.toExact(k, name, out)
+		out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
+	case t >= k.renewAt:
+		out = append(out, p.ask(t, name, k, true))
 	}
 	return out
 }
@@ -95,7 +112,7 @@ func (p *Policy) track(t instant, n int, st *Stats) *key {
 	if p.degraded || st.Asked < MinTokens || !p.worth(d, p.cfg.Rate/float64(max(n, 1)), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
 		return nil
 	}
-	k := &key{state: Exact, gen: FirstGen, demand: d, asked: st.Asked, seenAt: t}
+	k := &key{state: Exact, gen: FirstGen, demand: d, now: d, asked: st.Asked, seenAt: t}
 	p.keys[st.Key] = k
 	p.peak = max(p.peak, len(p.keys))
 	return k
@@ -128,7 +145,7 @@ func (p *Policy) early(t instant, k *key) bool {
 	if t.sub(k.sentAt) < EarlyTicks*p.cfg.Tick {
 		return false
 	}
-	w := p.want(k.demand)
+	w := p.want(k.now)
 	if !k.contended {
 		// What it holds above its want is surplus nobody asked for:
 		// nothing to free.
@@ -152,7 +169,7 @@ func (p *Policy) ask(t instant, name string, k *key, drain bool) Out {
 	// that Redis runs after a later one is stale there, and the mark a
 	// grant ends into (the one after its ask's) is never an ask's.
 	k.gen = NextGen(NextGen(k.gen))
-	k.want, k.sentAt = p.want(k.demand), t
+	k.want, k.sentAt = p.want(k.now), t
 	o := Out{Kind: Ask, Key: name, Gen: k.gen, Want: k.want, TTL: k.ttl, Drain: drain}
 	if k.state == Leased && k.until > t {
 		o.Running, o.RunningFor = k.granted, k.until.sub(t)
@@ -177,8 +194,9 @@ func (p *Policy) toExact(k *key, name string, out []Out) []Out {
 // observe updates k's demand with the tokens asked for since it was last
 // updated: an exponentially weighted average of the rates between looks,
 // weighted by how long each lasted, over tau; or, when the last two looks
-// saw the traffic fall far below it or rise far above it (see FallBelow),
-// what they saw.
+// saw the traffic rise far above it (see RiseAbove), what they saw. Its
+// demand now, which its wants ask for, is the same, or what those looks
+// saw when the traffic fell far below it (see FallBelow).
 func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	dt := t.sub(k.seenAt)
 	if dt <= 0 {
@@ -187,11 +205,19 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	rate := float64(max(0, asked-k.asked)) / dt.Seconds()
 	a := math.Exp(-float64(dt) / float64(tau))
 	k.demand = k.demand*a + rate*(1-a)
+	fallen := k.now < k.demand*FallBelow
+	k.now, k.fell = k.demand, false
 	if span := t.sub(k.seenAt0); k.seenAt0 != 0 && span > 0 {
 		expected := k.demand * span.Seconds()
 		saw := float64(max(0, asked-k.asked0))
-		if (expected >= FallTokens && saw < FallBelow*expected) || (saw >= FallTokens && saw > RiseAbove*expected) {
-			k.demand = saw / span.Seconds()
+		switch {
+		case saw >= FallTokens && saw > RiseAbove*expected:
+			k.demand, k.now = saw/span.Seconds(), saw/span.Seconds()
+		case expected >= FallTokens && saw < FallBelow*expected:
+			// What the key wants now; whether it is worth a lease
+			// still goes by the average, so that clumps a few ticks
+			// apart keep their lease.
+			k.now, k.fell = saw/span.Seconds(), !fallen
 		}
 	}
 	k.asked0, k.seenAt0 = k.asked, k.seenAt

@@ -69,6 +69,12 @@ type PoolTake struct {
 	// the record's latest take, per second, to the demand decayed over one
 	// second; a take that starts a record starts it at N per second.
 	Asked int64
+	// Extra is the most tokens, at least 0, to take beyond N with an
+	// admission, ahead of the instance's next requests (Take.Credit):
+	// only from a pool that stays at least half full after them, so that
+	// a key near its limit gets none. The instance admits them locally or
+	// loses them; Redis has counted them taken.
+	Extra int
 }
 
 // validate checks r fully, so that no take that Lua would reject reaches
@@ -89,6 +95,8 @@ func (r *PoolTake) validate() error {
 		return fmt.Errorf("%w: n %d is negative", ErrInvalid, r.N)
 	case r.TTL < time.Microsecond:
 		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, r.TTL)
+	case r.Extra < 0:
+		return fmt.Errorf("%w: extra %d is negative", ErrInvalid, r.Extra)
 	case r.Asked < 0 || r.Asked > maxAsked:
 		return fmt.Errorf("%w: asked %d is not from 0 to 2^53", ErrInvalid, r.Asked)
 	}
@@ -140,6 +148,7 @@ func (s *Store) TakePool(ctx context.Context, r PoolTake) (Take, error) {
 		strconv.FormatInt(int64(r.TTL/time.Microsecond), 10),
 		strconv.Itoa(r.N),
 		strconv.FormatInt(r.Asked, 10),
+		strconv.Itoa(r.Extra),
 	}
 	cmd := takeScript.EvalSha(ctx, s.rdb, keys, args...)
 	if isNoScript(cmd.Err()) {
@@ -158,7 +167,7 @@ func (s *Store) TakePool(ctx context.Context, r PoolTake) (Take, error) {
 
 // parsePoolTake reads the reply of take.lua.
 func parsePoolTake(v any) (Take, error) {
-	f, err := replyStrings(v, 6)
+	f, err := replyStrings(v, 7)
 	if err != nil {
 		return Take{}, err
 	}
@@ -169,10 +178,11 @@ func parsePoolTake(v any) (Take, error) {
 	rate, err1 := strconv.ParseFloat(f[3], 64)
 	burst, err2 := strconv.ParseFloat(f[4], 64)
 	turn, err3 := strconv.ParseInt(f[5], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || !finite(rate) || !finite(burst) ||
-		turn < 0 || (turn > 0 && !t.Allowed) {
+	credit, err4 := strconv.Atoi(f[6])
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || !finite(rate) || !finite(burst) ||
+		turn < 0 || (turn > 0 && !t.Allowed) || credit < 0 || (credit > 0 && !t.Allowed) {
 		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
-	t.PoolRate, t.PoolBurst, t.Turn = rate, burst, time.Duration(turn)*time.Microsecond
+	t.PoolRate, t.PoolBurst, t.Turn, t.Credit = rate, burst, time.Duration(turn)*time.Microsecond, credit
 	return t, nil
 }

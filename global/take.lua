@@ -12,6 +12,10 @@
 -- ARGV[7]  tokens to take (>= 0)
 -- ARGV[8]  asked, the instance's cumulative count of the tokens asked for
 --          on the key, this take's included (>= 0)
+-- ARGV[9]  extra (>= 0): with an admission, up to this many tokens more,
+--          taken ahead of the instance's next requests (credit), only
+--          from a pool that stays at least half full: a key near its
+--          limit gets none
 --
 -- The instance's record, by its generation and the take's:
 --   a lease as new as the take or newer: the lease was asked for in the
@@ -26,7 +30,8 @@
 --   none, or an older exact record: a new exact record, at the demand of
 --     this take's tokens.
 --
--- Returns {allowed, tokens left, retry_us, pool_rate, pool_burst, turn_us}
+-- Returns {allowed, tokens left, retry_us, pool_rate, pool_burst, turn_us,
+-- credit}
 -- as strings, because Redis truncates Lua numbers to integers. retry_us is
 -- "-1" when the tokens can never be there at the pool's rate and burst as
 -- they are. A denial's retry_us, and an admission's turn_us when it left
@@ -36,9 +41,9 @@
 local key, inst = KEYS[1], ARGV[1]
 local gen = gen_of(ARGV[2])
 local rate, burst, n, ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5]), num(ARGV[6])
-local take, asked = num(ARGV[7]), num(ARGV[8])
-if not (inst ~= nil and inst ~= '' and gen and rate and burst and n and ttl and take and asked
-  and rate > 0 and burst >= 1 and n >= 1 and ttl >= 1 and take >= 0 and asked >= 0) then
+local take, asked, extra = num(ARGV[7]), num(ARGV[8]), num(ARGV[9])
+if not (inst ~= nil and inst ~= '' and gen and rate and burst and n and ttl and take and asked and extra
+  and rate > 0 and burst >= 1 and n >= 1 and ttl >= 1 and take >= 0 and asked >= 0 and extra >= 0) then
   return redis.error_reply('ERR hybridlimit: invalid take arguments')
 end
 
@@ -122,10 +127,16 @@ local function turn(wait, size)
   return at - now
 end
 
-local allowed, retry, turn_us = '0', 0, 0
+local allowed, retry, turn_us, credit = '0', 0, 0, 0
 if take <= tokens + eps then
   allowed = '1'
   tokens = math.max(0, tokens - take)
+  if take > 0 then
+    -- Credit: taken now, admitted by the instance before its next take,
+    -- from a pool at least half full after it.
+    credit = math.max(0, math.min(extra, math.floor(tokens - pool_burst / 2 + eps)))
+    tokens = tokens - credit
+  end
   if take > 0 and tokens + eps < 1 and pool_rate > 0 then
     -- The caller emptied the pool: its next take, of one token as most
     -- are, waits for its turn too.
@@ -150,4 +161,5 @@ return {
   string.format('%.17g', pool_rate),
   string.format('%.17g', pool_burst),
   string.format('%d', turn_us),
+  string.format('%d', credit),
 }

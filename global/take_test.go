@@ -675,3 +675,34 @@ func placementRandomInvariant(t *testing.T, srv *redistest.Server, rate float64,
 	t.Logf("stale asks %d, lost %d, takes allowed %d, answers lost %d, late messages %d, steps with leases %d, with a shrunk pool %d, late answers %d",
 		stats[0], stats[1], stats[2], stats[3], stats[4], stats[5], stats[6], stats[7])
 }
+
+// TestTakePoolCredit: an admission takes up to Extra tokens more, ahead of
+// the instance's next requests, only from a pool that stays at least half
+// full after them; a denial takes none.
+func TestTakePoolCredit(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	take := func(n, extra int) global.Take {
+		t.Helper()
+		tk, err := store.TakePool(context.Background(), global.PoolTake{Limit: "credit", Key: "k", Instance: "a", Gen: 1,
+			Rate: 0.001, Burst: 10, Instances: 2, N: n, TTL: time.Minute, Asked: 1, Extra: extra})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	// A full pool of 10: 1 taken, 2 more as credit, 7 left.
+	if tk := take(1, 2); !tk.Allowed || tk.Credit != 2 || tk.Remaining != 7 {
+		t.Fatalf("a take with extra 2 from a full pool: %+v, want allowed, credit 2, 7 left", tk)
+	}
+	// 7: 1 taken leaves 6, of which 1 more keeps it at least half full.
+	if tk := take(1, 2); !tk.Allowed || tk.Credit != 1 || tk.Remaining != 5 {
+		t.Fatalf("a take with extra 2 from a pool of 7: %+v, want credit 1, 5 left", tk)
+	}
+	if tk := take(1, 2); !tk.Allowed || tk.Credit != 0 || tk.Remaining != 4 {
+		t.Fatalf("a take with extra 2 from a pool of 5: %+v, want no credit, 4 left", tk)
+	}
+	if tk := take(5, 2); tk.Allowed || tk.Credit != 0 {
+		t.Fatalf("a denied take: %+v, want no credit", tk)
+	}
+}

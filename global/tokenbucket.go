@@ -34,6 +34,10 @@ type Take struct {
 	// one token, how long until this caller's turn to take again (see
 	// TakePool); zero otherwise, and always for TakeN.
 	Turn time.Duration
+	// Credit is, for an admission by TakePool, the tokens taken beyond N
+	// ahead of the caller's next requests (PoolTake.Extra); zero
+	// otherwise, and always for TakeN.
+	Credit int
 }
 
 // TakeN runs the classic atomic token bucket of (limit, key) in Redis: it

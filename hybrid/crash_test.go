@@ -14,13 +14,14 @@ import (
 // one crashes without leaving: from one moment on it sends nothing, neither
 // gossip (its node is cut off from the others) nor Redis commands (a
 // blackhole on its own path to Redis), so it neither leaves the cluster nor
-// releases its leases. Once the others' failure detector gives it up they
-// count 2 and re-split the default shares two ways; once its lease runs out
-// in Redis they lease its share between them, and their grants still never
-// sum above the rate. Version 2 counts an instance without a record at its
-// default share rate/N-hat, N-hat being the largest count within
-// PeakWindow: the survivors take the victim's share once the count of 3
-// has left that window (short here).
+// releases its leases. Once the others' failure detector gives it up, and
+// the count of 3 has left PeakWindow (short here), they count 2 and re-split
+// the local quotas (LocalShare, of the Local limit here) two ways. Once the
+// victim's lease ends in Redis (UncontendedTTL after its last renewal at
+// the latest, short here) they lease its share of the Hybrid key between
+// them, whatever they count: Redis counts every instance at what its
+// record holds, and nobody without one. Their grants never sum above the
+// rate.
 func TestInstanceCrash(t *testing.T) {
 	const rate, burst = 300.0, 30
 	limits := []hybrid.Limit{

@@ -12,17 +12,19 @@ import (
 	"github.com/hybridlimit/hybridlimit/membership"
 )
 
-// TestGracefulLeaveRaisesShares guards onView: an instance that leaves
-// gracefully (Limiter.Close, which releases its leases and then closes its
-// memberlist node) is dropped from N-hat at once, where version 2 first
-// kept it counted for PeakWindow, as it keeps a crashed or cut-off one.
-// Three instances on real memberlist nodes each send 60% of the rate on one
-// key; after 2 s one closes. With the default PeakWindow of a minute the
-// two that remain used to stay at a third of the rate each, and Redis
-// counted the departed instance at its default share, so they admitted
-// about two thirds of the rate; now their default shares rise to half of
-// it within a gossip round or two, they admit the rate, and no 1 s window
-// goes above rate + burst.
+// TestGracefulLeaveRaisesShares guards onView and Close's order: an
+// instance that leaves gracefully (Limiter.Close, which releases its
+// records and then closes its memberlist node) is dropped from N-hat at
+// once, where a crashed or cut-off one stays counted for PeakWindow.
+// Three instances on real memberlist nodes each send 60% of the rate on
+// one key; after 2 s one closes. With the default PeakWindow of a minute,
+// the two that remain raise their local quotas (LocalShare, what FailLocal
+// runs) to half the rate within a gossip round or two; from a second after
+// the leave they admit the rate, since Redis counts nobody without a
+// record and their contended leases grow at their next renewals (in
+// version 2, which counted the departed instance at its default share,
+// they admitted about two thirds of it); and no window goes above
+// rate·w + burst.
 func TestGracefulLeaveRaisesShares(t *testing.T) {
 	const rate, burst, n = 300.0, 30, 3
 	srv := redistest.Start(t)

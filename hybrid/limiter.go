@@ -488,7 +488,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// N-hat, which the loop keeps in loc: an atomic load, where place
 		// takes a lock.
 		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1), N: n,
-		TTL: l.cfg.UncontendedTTL, Asked: r.Attempted,
+		TTL: l.cfg.UncontendedTTL, Asked: r.Attempted, Extra: creditTokens,
 	})
 	cancel()
 	ls.sent(1)
@@ -526,6 +526,12 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if r.Flagged {
 		ls.keys.SetFlag(key, false)
 	}
+	if t.Credit > 0 {
+		// Tokens Redis handed ahead of the key's next requests: a lease
+		// of rate 0 that they are admitted from here until it is spent
+		// or ends, and then the key is decided exactly again.
+		ls.keys.Lease(now, key, local.Share{Burst: t.Credit}, now.Add(creditLife), r.Mark, t.Credit)
+	}
 	if hold := l.holdFor(&t); hold > 0 {
 		ls.keys.SetHold(key, r.Mark, now.Add(hold))
 	}
@@ -535,6 +541,18 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	}
 	return ls.finish(d), nil
 }
+
+// An allowed exact decision asks for creditTokens more, ahead of the key's
+// next requests, which Redis hands only from a pool at least half full:
+// a key far from its limit, often a thin one, costs about a script per two
+// admissions rather than one each, and a key near its limit gets none.
+// They are admitted within creditLife or lost; Redis counted them taken,
+// so the bound holds, and a window of admissions can hold at most
+// creditTokens per instance taken before it.
+const (
+	creditTokens = 1
+	creditLife   = 2 * time.Second
+)
 
 // holdFor is how long after an exact take's answer t the key's next
 // decisions are denied in process, without asking Redis: until the turn

@@ -104,8 +104,11 @@ func TestLoadManyKeys(t *testing.T) {
 	t.Logf("%d decisions in %v (%.0f/s), %d admitted; %d keys held over %d instances",
 		decisions, elapsed.Round(time.Millisecond), decisions/elapsed.Seconds(), total, keysHeld, instances)
 
-	// Invariant 1 per key, with the same allowance for cold starts as the
-	// invariant tests: each instance may start a key at its default share.
+	// Invariant 1 per key, with an allowance kept from version 2, where
+	// each instance could start a key at its default share before Redis
+	// counted it (cold). Version 3 has no such start (a key's first
+	// decisions are exact against its pool), so cold only loosens the
+	// bound; the numbers are unchanged.
 	tick := hybrid.DefaultConfig(nil, nil).Tick
 	cold := float64(instances) * (max(1, float64(burst/instances)) + rate/instances*tick.Seconds())
 	for _, w := range []time.Duration{100 * time.Millisecond, time.Second, elapsed} {

@@ -370,6 +370,14 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 		return
 	}
 	ok, tokens := e.b.allowN(now, n)
+	if !ok && e.assigned && e.b.limit == 0 && e.mark != 0 {
+		// A lease of rate 0 (credit, see Lease) that cannot admit this
+		// ends here: the caller decides it.
+		l.expire(e, now)
+		*r = l.marked(e, now)
+		sh.mu.Unlock()
+		return
+	}
 	// The result is written once, field by field, from values in
 	// registers (see AllowNInto): building it elsewhere and copying it in
 	// would cost the stall AllowNInto is there to save.
@@ -520,8 +528,11 @@ func (l *Limiter) AssignNew(t time.Time, key string, s Share, until time.Time) b
 // leases, which end into the exact placement). A key that did not run an
 // assigned share in force until now starts with give tokens (moved to it
 // from elsewhere, up to s's burst), not with what its bucket held; one that
-// did keeps its tokens, up to the new burst. next must not be 0. It
-// reports false, and does nothing, if the key does not exist.
+// did keeps its tokens, up to the new burst. A share of rate 0 (tokens
+// handed ahead, package hybrid's credit) also ends as soon as it cannot
+// admit a request: that request, and the next, go to the caller. next
+// must not be 0. It reports false, and does nothing, if the key does not
+// exist.
 func (l *Limiter) Lease(t time.Time, key string, s Share, until time.Time, next uint8, give int) bool {
 	s = fixShare(s)
 	return l.with(key, func(sh *shard, e *entry) {

@@ -148,3 +148,27 @@ func TestLease(t *testing.T) {
 		t.Errorf("stats after SetMark: %+v, want no lease in force", st)
 	}
 }
+
+// TestLeaseOfRateZero: a lease of rate 0 (credit) admits the tokens given
+// it and then, unable to admit, ends at once: the request that found it
+// spent goes to the caller, under the lease's next mark.
+func TestLeaseOfRateZero(t *testing.T) {
+	l, err := New(Config{Limit: 100, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetNewMark(4)
+	l.Allow(t0, "k")
+	l.Lease(t0, "k", Share{Burst: 2}, t0.Add(time.Minute), 4, 2)
+	for i := range 2 {
+		if r := l.Allow(t0, "k"); !r.Allowed || r.Mark != 0 {
+			t.Fatalf("credit %d: %+v, want admitted here", i, r)
+		}
+	}
+	if r := l.Allow(t0, "k"); r.Allowed || r.Mark != 4 {
+		t.Fatalf("credit spent: %+v, want the caller to decide, under mark 4", r)
+	}
+	if st, _ := l.Stats("k"); st.Assigned {
+		t.Errorf("stats after the credit was spent: %+v, want no lease in force", st)
+	}
+}

@@ -73,12 +73,14 @@ func burstNow(t *testing.T, l *hybrid.Limiter, limit, key string) int {
 func shareOf(r float64, b int) local.Share { return local.Share{Limit: rate.Limit(r), Burst: b} }
 
 // TestMembershipResplitsDefaultShares: three instances, each with a real
-// memberlist node, split the default share three ways; when one closes (and
-// so leaves the cluster gracefully) the other two re-split it two ways, and
-// a Local key's admissions follow the new share. (Default shares use the
-// largest count within PeakWindow, less the instances that left
-// gracefully: the short PeakWindow here is a leftover of the time a leave
-// counted for all of it; TestGracefulLeaveRaisesShares keeps the default.)
+// memberlist node, split each limit's local quota (LocalShare: a Local
+// limit's decisions, a Hybrid limit's FailLocal quota) three ways; when
+// one closes (and so leaves the cluster gracefully) the other two re-split
+// it two ways, and a Local key's admissions follow the new quota. (The
+// local quotas use the largest count within PeakWindow, less the instances
+// that left gracefully: the short PeakWindow here is a leftover of the
+// time a leave counted for all of it; TestGracefulLeaveRaisesShares keeps
+// the default.)
 func TestMembershipResplitsDefaultShares(t *testing.T) {
 	srv := redistest.Start(t)
 	limits := []hybrid.Limit{
@@ -96,7 +98,7 @@ func TestMembershipResplitsDefaultShares(t *testing.T) {
 	}
 
 	// sharesAre reports whether every Limiter in ls counts n instances and
-	// runs both limits' default shares at want.
+	// gives both limits the local quota want.
 	sharesAre := func(ls []*hybrid.Limiter, n int, want local.Share) func() bool {
 		return func() bool {
 			for _, l := range ls {
@@ -170,9 +172,10 @@ func (in *soloLimiter) setCount(t *testing.T, n int) {
 	}
 }
 
-// degrade kills Redis and drives fresh keys past their default share (each
-// one then due for a lease at the next tick) until the failed requests
-// degrade the limit.
+// degrade kills Redis and decides fresh keys (warmKey: exact decisions,
+// which fail) until the lease loop finds Redis gone (renewals unanswered
+// for a while, or a failed decision's PING failing too) and degrades the
+// limit.
 func (in *soloLimiter) degrade(t *testing.T) {
 	t.Helper()
 	in.srv.Kill(t)
@@ -219,7 +222,8 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 			default:
 			}
 		}))
-		// A key asks for a lease once past its default share.
+		// warmKey makes the key worth a lease: its first decisions are
+		// exact, and the next tick asks for one.
 		eventually(t, 5*time.Second, "a first lease", func() bool {
 			warmKey(t, in.l, limit, "warm", limitBurst)
 			st := in.status(t)
@@ -253,8 +257,8 @@ func TestFailLocalUsesLargestRecentN(t *testing.T) {
 	t.Run("count drops just before the outage", func(t *testing.T) {
 		in := start(t, 0)
 		in.setCount(t, 1)
-		// Version 2 splits the default shares by the largest recent count
-		// always, not only while degraded.
+		// The local quota is split by the largest recent count always,
+		// not only while degraded.
 		if got := in.status(t).LocalShare; got != quarter {
 			t.Fatalf("normal, N 4 -> 1 within PeakWindow: LocalShare %s, want rate/4", quarterOrWhole(got))
 		}

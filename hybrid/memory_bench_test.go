@@ -18,13 +18,13 @@ import (
 // enough that the exact placement (a Redis script per key) fills in seconds.
 const memoryKeys = 20_000
 
-// memoryProbe is the second limit of the Limiters BenchmarkMemory measures:
-// a lease request of one of its keys shows that the loop has ticked, and so
-// looked at every key of benchLimit, since the keys were decided.
+// memoryProbe is the second limit of the Limiters BenchmarkMemory measures,
+// meant to show that the loop has ticked (see memoryTicks, which no
+// longer waits for it under version 3).
 const memoryProbe = "probe"
 
 // memoryRound is how many keys of the lease placement BenchmarkMemory
-// drives past their share before it waits for their lease requests.
+// makes worth a lease before it waits (see benchAsked).
 const memoryRound = 10_000
 
 // memorySettle is how many ticks BenchmarkMemory lets pass before it
@@ -36,14 +36,18 @@ const memorySettle = 45
 // BenchmarkMemory reports the heap each key takes, in bytes/key, with
 // memoryKeys keys held: for the hand-written map of limiters holding the
 // same keys (the baseline), a Limiter with one Local limit, and one with a
-// Hybrid limit whose keys are all in one placement. In the share placement
-// each key made one decision within its default share; in the lease
-// placement each was driven past its share and holds a lease; in the exact
-// placement (a limit with ExactBursts) each made one exact decision. The
-// loop has ticked memorySettle times since, so that the engine holds what
-// it keeps of every key (nothing, for a key in the share or the exact
-// placement with nothing to remember) and the buffers of the first round
-// are given back.
+// Hybrid limit whose keys are all in one placement. Version 3 left this
+// benchmark behind, and its comments say where. placement=share is version
+// 2's placement, which version 3 does not have: each key makes one
+// decision, exact (a script against its pool), so its check of no Redis
+// command fails. In the lease placement each key is made worth a lease
+// (two whole-burst decisions) and is meant to hold one; in the exact
+// placement each makes one exact decision, and the policy keeps nothing
+// of a key not worth a lease. memoryTicks and benchAsked were to wait for
+// the loop (memorySettle ticks, so that the policy holds what it keeps of
+// every key and the buffers of the first round are given back) and for
+// the lease requests; they count Redis commands, which the exact decisions
+// now send too, so they no longer wait for either.
 // The key strings are made before measuring and shared by all, so none is
 // charged for them. Run it with -benchtime 1x: the figure does not depend
 // on b.N, and ns/op is the time to fill the keys.
@@ -72,7 +76,8 @@ func BenchmarkMemory(b *testing.B) {
 		benchMemory(b, keys, func(b *testing.B) any {
 			l := memoryLimiter(b, srv, hybrid.Limit{Mode: hybrid.Hybrid})
 			for _, k := range keys {
-				// Within the default share: the key asks Redis nothing.
+				// Version 2: within the default share, the key asked
+				// Redis nothing. Version 3: an exact decision, a script.
 				if _, err := l.Allow(ctx, benchLimit, k); err != nil {
 					b.Fatal(err)
 				}
@@ -90,8 +95,8 @@ func BenchmarkMemory(b *testing.B) {
 			// In rounds of memoryRound keys: a pipeline of a request for
 			// every key would outlast the client's read timeout.
 			for i, k := range keys {
-				// Twice the whole burst: the second is denied by the
-				// default share, so the key asks for a lease.
+				// Twice the whole burst, exact decisions: the tokens
+				// asked for make the key worth a lease at the next tick.
 				for range 2 {
 					if _, err := l.AllowN(ctx, benchLimit, k, benchBurst); err != nil {
 						b.Fatal(err)
@@ -112,7 +117,8 @@ func BenchmarkMemory(b *testing.B) {
 	b.Run("mode=hybrid/placement=exact", func(b *testing.B) {
 		benchMemory(b, keys, func(b *testing.B) any {
 			l := memoryLimiter(b, srv, hybrid.Limit{Mode: hybrid.Hybrid})
-			// The limit's new keys start exact once the loop has ticked.
+			// Every new key starts exact: this wait is a leftover of
+			// version 2 (and returns at once, see memoryTicks).
 			memoryTicks(b, l, 1)
 			// Exact decisions wait on Redis: several at a time.
 			const workers = 8
@@ -165,10 +171,12 @@ func memoryLimiter(b *testing.B, srv *redistest.Server, lim hybrid.Limit) *hybri
 	return startBench(b, srv, cfg)
 }
 
-// memoryTicks waits until l's loop has ticked at least ticks times: each
-// time, a fresh key of memoryProbe is denied by its default share, and the
-// lease request that follows is sent at a tick that has looked at every key
-// decided before.
+// memoryTicks was to wait until l's loop had ticked at least ticks times:
+// each time, a fresh key of memoryProbe was denied by its default share,
+// and the lease request that followed was sent at a tick that had looked
+// at every key decided before. In version 3 the probe key's decisions are
+// exact, Redis commands themselves, so RedisCommands moves at once and
+// memoryTicks returns without waiting for a tick.
 func memoryTicks(b *testing.B, l *hybrid.Limiter, ticks int) {
 	b.Helper()
 	ctx := context.Background()
@@ -199,7 +207,8 @@ func memoryTicks(b *testing.B, l *hybrid.Limiter, ticks int) {
 }
 
 // benchAsked waits until l has sent at least n Redis commands for
-// benchLimit: one lease request per key.
+// benchLimit, meant as one lease request per key; in version 3 each key's
+// two exact decisions count too, so it does not wait for the requests.
 func benchAsked(b *testing.B, l *hybrid.Limiter, n int) {
 	b.Helper()
 	deadline := time.Now().Add(time.Minute)

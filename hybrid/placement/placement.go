@@ -92,6 +92,11 @@ const (
 	SettleAfter   = 3
 	SettledWithin = 0.1
 	SettledGrowth = 4
+	// DemandWithin is how far the demand of the key's instances may move
+	// between two answers for a lease to count as settled: wider than a
+	// grant's, since the sum of many measured demands moves with each, and
+	// narrow enough to see a pulse start or end elsewhere.
+	DemandWithin = 0.25
 	// A leased key renews early, at most every EarlyTicks ticks, when its
 	// want falls below Shrink of its grant (it would free a quarter for
 	// the others, if they want it: contended) or rises above Grow times

@@ -254,7 +254,7 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		return p.toExact(k, o.Key, out)
 	}
 	if k.state == Leased && math.Abs(g.Granted-k.granted) <= SettledWithin*k.granted &&
-		math.Abs(g.Demand-k.total) <= SettledWithin*k.total {
+		math.Abs(g.Demand-k.total) <= DemandWithin*k.total {
 		k.stable = min(k.stable+1, math.MaxUint8)
 	} else {
 		// The grant moved, or the others' demand did: it may move

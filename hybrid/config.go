@@ -214,15 +214,21 @@ type Config struct {
 	// ContendedTTL is the lifetime of a new lease, and of one whose share
 	// still moves; a lease renews at half its lifetime. Zero means 600ms.
 	ContendedTTL time.Duration
-	// UncontendedTTL is the lifetime a settled lease grows to (see package
-	// hybrid/placement). A leased key without decisions for half of it
-	// goes back to exact decisions and releases its lease. Zero means 5s.
+	// UncontendedTTL is the longest lease: an uncontended lease's lifetime
+	// from its first renewal, and the one a settled contended lease grows
+	// to (see package hybrid/placement). A leased key without decisions for
+	// half of it goes back to exact decisions and releases its lease. Zero
+	// means 5s.
 	UncontendedTTL time.Duration
 	// RedisTimeout bounds every call to Redis. Zero means a quarter of
 	// ContendedTTL. It must be below ContendedTTL.
 	RedisTimeout time.Duration
-	// IdleAfter is how long a key may go without decisions before its
-	// lease is released and it is forgotten. Zero means 30s.
+	// IdleAfter is how long a key may go without decisions before it is
+	// evicted: forgotten, its memory given back. It does not end leases: a
+	// leased key idle for half UncontendedTTL goes back to exact decisions
+	// and releases its lease (see UncontendedTTL), and no key is evicted
+	// while a grant is in force on it. A key evicted while it asked for a
+	// lease releases the record its ask left. Zero means 30s.
 	IdleAfter time.Duration
 	// PeakWindow is how long an instance count is remembered. The local
 	// quotas (Local mode, FailLocal) and the fair shares of Hybrid leases

@@ -135,7 +135,7 @@ func testFault(t *testing.T, f fault) {
 	h := startHammer(t, inst, names, ks)
 	normal := map[string]hybrid.Source{"local": hybrid.SourceLease, "open": hybrid.SourceLease, "closed": hybrid.SourceLease}
 	// leased reports whether every instance holds leases again for every
-	// limit: what the engine did, read at once. leasing adds that the
+	// limit: what the lease loop did, read at once. leasing adds that the
 	// latest decisions came from leases, which also waits for the hammer's
 	// goroutines to decide again (they can lag on a busy machine).
 	leased := func() bool {

@@ -315,15 +315,31 @@ func (l *Limiter) renew(sent time.Time, b *batch) {
 	}
 	b.out = b.out[:len(b.asks)]
 	clear(b.out)
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
-	err := l.store.AskLeases(ctx, b.asks, b.out)
-	cancel()
+	// In pipelines of askChunk, each within RedisTimeout: when many keys
+	// become worth a lease at once, one pipeline of them all may outlast
+	// it, fail, and be sent again at every tick.
+	var failed error
+	answered := false
+	for i := 0; i < len(b.asks); i += askChunk {
+		j := min(i+askChunk, len(b.asks))
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
+		err := l.store.AskLeases(ctx, b.asks[i:j], b.out[i:j])
+		cancel()
+		if err != nil {
+			failed = err
+			for k := i; k < j; k++ {
+				b.out[k] = global.LeaseGrant{Err: err}
+			}
+			continue
+		}
+		answered = true
+	}
 	l.m.renewal.Observe(time.Since(sent).Seconds())
 	for _, r := range b.refs {
 		r.ls.sent(1)
 	}
-	if err != nil {
-		l.batchFailed(sent, b, err)
+	if !answered {
+		l.batchFailed(sent, b, failed)
 		return
 	}
 	l.health.ok(sent)
@@ -481,6 +497,9 @@ func (l *Limiter) releaseAll(ctx context.Context) error {
 	}
 	return nil
 }
+
+// askChunk is how many asks the loop sends in one pipeline.
+const askChunk = 256
 
 // releaseChunk is how many releases Close sends in one pipeline.
 const releaseChunk = 4096

@@ -47,7 +47,9 @@ const memorySettle = 45
 // the loop (memorySettle ticks, so that the policy holds what it keeps of
 // every key and the buffers of the first round are given back) and for
 // the lease requests; they count Redis commands, which the exact decisions
-// now send too, so they no longer wait for either.
+// now send too, so they no longer wait for either, and the lease
+// placement's check that every key holds a lease may come before the
+// grants are in force.
 // The key strings are made before measuring and shared by all, so none is
 // charged for them. Run it with -benchtime 1x: the figure does not depend
 // on b.N, and ns/op is the time to fill the keys.

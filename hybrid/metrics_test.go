@@ -99,7 +99,8 @@ func TestRedisMetricsNeverCarryAKey(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "a lease granted", func() bool {
 		allow()
-		// The Hybrid key asks for a lease once past its default share.
+		// warmKey makes the Hybrid key worth a lease: its first
+		// decisions are exact, and the next tick asks for one.
 		warmKey(t, l, "h", "secret-user-key", 10)
 		return counterSum(t, reg, "hybridlimit_leases_granted_total") > 0
 	})

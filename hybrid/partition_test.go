@@ -125,8 +125,10 @@ func TestPartitionFailLocalUsesLargestRecentN(t *testing.T) {
 			UncontendedTTL: time.Second,
 		})
 	}
-	// allow drives key past its default share: only then does it ask Redis
-	// (version 2), for a lease before the outage, and in vain during it.
+	// allow makes key worth a lease (warmKey): its first decisions are
+	// exact, in Redis, and the next tick asks for a lease; before the
+	// outage it gets one, during it the decisions fail until the limit
+	// degrades, and then follow FailLocal.
 	allow := func(l *hybrid.Limiter, key string) {
 		t.Helper()
 		warmKey(t, l, limit, key, limitBurst)
@@ -151,8 +153,9 @@ func TestPartitionFailLocalUsesLargestRecentN(t *testing.T) {
 	// A suspect is declared dead after 3 s to 18 s (the fewer nodes
 	// confirm the suspicion, the longer), and nodes whose probes fail slow
 	// their probing down: this takes 7 s to 21 s (more under -race on a
-	// busy machine). The limits degrade within a second of the kill, on
-	// the renewal of the probe key.
+	// busy machine). The limits degrade within a second of the kill, once
+	// the loop finds Redis gone (the probe key's failed decisions, the
+	// renewals unanswered).
 	eventually(t, 60*time.Second, "each side counts 2 and every limit is degraded", func() bool {
 		ok := true
 		for _, l := range inst {

@@ -8,12 +8,13 @@ import (
 	"github.com/hybridlimit/hybridlimit/membership"
 )
 
-// The default shares of a limit split its burst so that the shares of all
-// instances sum to exactly the burst: burst/N-hat each, rounded down, and
-// one token more for the instances whose rank is below burst mod N-hat
-// (local.Split). The rank must be one that every instance computes alike,
-// unique, and such that no view of the cluster lets two instances hold the
-// same remainder token.
+// The default shares of a limit (package local's name for its local
+// quotas: Local mode, and FailLocal while Redis is unreachable) split its
+// burst so that the shares of all instances sum to exactly the burst:
+// burst/N-hat each, rounded down, and one token more for the instances
+// whose rank is below burst mod N-hat (local.Split). The rank must be one
+// that every instance computes alike, unique, and such that no view of the
+// cluster lets two instances hold the same remainder token.
 //
 // An instance's rank is the position of its name among the names of every
 // member seen within PeakWindow, sorted (membership.Roster), the same
@@ -49,9 +50,9 @@ import (
 //     rank, so this one takes none (local.NoRank) and runs burst/N-hat
 //     rounded down; the shares then sum below the burst, never above.
 //
-// Redis counts an instance without a record at its default share, whose
-// burst it cannot know from the rank: exact.lua counts the remainder as if
-// the unrecorded held as much of it as they could (see there).
+// The ranks serve only those local quotas. A Hybrid key is decided exactly
+// in Redis or on a lease Redis granted, and Redis counts every instance at
+// what its record holds, nobody without one: no rank enters its sums.
 
 // rankShare is the burst of the default share of rank rank among n
 // instances: burst/n rounded down, plus one if rank < burst mod n. It is

@@ -46,7 +46,8 @@ func TestRankIn(t *testing.T) {
 }
 
 // TestRankSharesNeverExceedTheBurst checks the bursts the instances hold
-// at default shares, summed over the instances that may be running, as
+// at their local quotas (default shares, in package local: Local mode and
+// FailLocal), summed over the instances that may be running, as
 // their views of the window move: views that agree sum to at most the
 // burst (exactly, when all N-hat instances are named); and while a name
 // ages out of some views but not yet of others, or a partition splits the
@@ -114,7 +115,7 @@ func TestRankSharesNeverExceedTheBurst(t *testing.T) {
 }
 
 // TestRankShareMonotone checks what the argument for ages-out relies on:
-// a default share's burst never grows with its rank or N-hat.
+// a local quota's burst never grows with its rank or N-hat.
 func TestRankShareMonotone(t *testing.T) {
 	for burst := 1; burst <= 30; burst++ {
 		for n := 1; n <= 12; n++ {

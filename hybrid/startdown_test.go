@@ -130,7 +130,8 @@ func TestOutageLogNamesTheCause(t *testing.T) {
 		var logs records
 		l := newLimiter(t, hybrid.Config{Redis: rdb, Logger: slog.New(&logs), Limits: limits, UncontendedTTL: time.Second})
 		ctx := context.Background()
-		// The key asks for a lease once past its default share.
+		// warmKey makes the key worth a lease: its first decisions are
+		// exact, and the next tick asks for one.
 		eventually(t, 5*time.Second, "a lease", func() bool {
 			return warmKey(t, l, "h", "k", 10).Source == hybrid.SourceLease
 		})

@@ -43,7 +43,8 @@ func TestRedisTLS(t *testing.T) {
 
 	t.Run("trusted", func(t *testing.T) {
 		l := newLimiter(t, hybrid.Config{Redis: client(t, tlsConfig, nil), Limits: limits})
-		// The key asks for a lease once past its default share.
+		// warmKey makes the key worth a lease: its first decisions are
+		// exact, and the next tick asks for one.
 		eventually(t, 5*time.Second, "a lease over TLS", func() bool {
 			d := warmKey(t, l, "h", "k", 10)
 			st, _ := l.Status("h")

@@ -16,17 +16,20 @@ import (
 // that start after SetLimits returns see the new limits, and decisions in
 // flight finish under the old ones.
 //
-// A limit keeps its keys, their tokens and its counters across a change. A
-// key at its default share moves to the new rate/N and burst/N at once;
-// the leases of a Hybrid limit whose rate or burst changed are renewed at
-// the lease loop's next tick with the new rate, so that within a renewal
-// Redis holds grants of the new rate (while the keys of a lowered rate
-// wait, within their contended renewals, for the others to give back what
-// they held above it: the bound always holds). A limit that stops being
-// Hybrid releases its leases at the next tick, and its keys run at their
-// default share; one that becomes Hybrid asks for leases as its keys are
-// used. A limit that starts to use Redis while Redis is unreachable starts
-// degraded, as at New.
+// A limit keeps its keys, their tokens and its counters across a change.
+// Its local quota (Local mode, FailLocal) moves to the new rate/N and
+// burst/N at once. A Hybrid limit's exact decisions take the new rate and
+// burst at once, and its leases, if the rate or burst changed, are renewed
+// at the lease loop's next tick with the new rate, so that within a
+// renewal Redis holds grants of the new rate (while the keys of a lowered
+// rate wait, within their contended renewals, for the others to give back
+// what they held above it: the bound always holds). A limit turned Local
+// decides its keys by the local quota at once, and one turned Global by
+// the Redis bucket; a limit that stops being Hybrid releases its leases at
+// the next tick. A limit turned Hybrid decides its keys exactly at once,
+// against each key's pool in Redis, and leases those worth it from the
+// next tick on. A limit that starts to use Redis while Redis is
+// unreachable starts degraded, as at New.
 //
 // A removed limit returns ErrUnknownLimit from then on; at the next tick
 // its leases are released and its keys forgotten. Its metrics series (the
@@ -99,7 +102,7 @@ func (l *Limiter) remove(old *limitSet, limits []Limit) []string {
 }
 
 // change returns the entry of prev changed to lim at now: the same keys
-// and counters, its default share re-split for lim, degraded if it starts
+// and counters, its local quota re-split for lim, degraded if it starts
 // to use Redis while Redis is unreachable. Requires shareMu held.
 func (l *Limiter) change(prev *limitEntry, lim Limit, now time.Time) *limitEntry {
 	e := &limitEntry{Limit: lim, limitState: prev.limitState}

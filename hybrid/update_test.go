@@ -301,7 +301,8 @@ func TestSetLimitsRemoveReleasesLeases(t *testing.T) {
 		Limits: []hybrid.Limit{gone, stay}})
 	ks := keys(10)
 	ctx := context.Background()
-	// A key asks for a lease once past its default share.
+	// warmKey makes each key worth a lease: its first decisions are
+	// exact, and the next tick asks for one.
 	eventually(t, 5*time.Second, "a lease on every key", func() bool {
 		for _, k := range ks {
 			warmKey(t, l, "gone", k, gone.Burst)
@@ -373,8 +374,9 @@ func TestSetLimitsModeChanges(t *testing.T) {
 	}
 	toLeases := func() {
 		t.Helper()
-		// A key asks for a lease once past its default share; then its
-		// bucket refills, for decide.
+		// warmKey makes each key worth a lease (its first decisions are
+		// exact, and the next tick asks for one); then its bucket
+		// refills, for decide.
 		eventually(t, 5*time.Second, "leases on every key", func() bool {
 			src := hybrid.SourceLease
 			for _, k := range ks {

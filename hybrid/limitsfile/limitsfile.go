@@ -96,15 +96,16 @@ func Load(path string, opts ...Option) ([]hybrid.Limit, error) {
 // Parse parses the limits file data, named name in messages. The file is
 // a mapping with one field, limits, holding a list of limits (or that list
 // alone); each limit has the fields name, rate, burst, mode, on_outage and,
-// optionally, shadow and exact_bursts (see the package documentation). A rate is a number
-// of tokens per second (1e3 and 1_000 are numbers too) or a number per unit:
-// /s, /min (or /m), /h and /day (or /d), the units also spelt sec, second,
-// minute, hr, hour and with a plural s, in any case; so 6000/min is 100,
-// and 1/day about 1.16e-5, tokens per second. Mode and on_outage take the
-// names hybrid.Mode and hybrid.Policy read in UnmarshalText. The
-// limits returned are valid for hybrid.New and Limiter.SetLimits (Global
-// and Hybrid ones still need a Redis client). Otherwise Parse returns every
-// problem it found, each an *Error, joined.
+// optionally, shadow (see the package documentation); exact_bursts, a
+// field of placement version 2, is a problem that says to remove it. A
+// rate is a number of tokens per second (1e3 and 1_000 are numbers too) or
+// a number per unit: /s, /min (or /m), /h and /day (or /d), the units also
+// spelt sec, second, minute, hr, hour and with a plural s, in any case; so
+// 6000/min is 100, and 1/day about 1.16e-5, tokens per second. Mode and
+// on_outage take the names hybrid.Mode and hybrid.Policy read in
+// UnmarshalText. The limits returned are valid for hybrid.New and
+// Limiter.SetLimits (Global and Hybrid ones still need a Redis client).
+// Otherwise Parse returns every problem it found, each an *Error, joined.
 func Parse(name string, data []byte, opts ...Option) ([]hybrid.Limit, error) {
 	p := &parser{file: name}
 	for _, o := range opts {

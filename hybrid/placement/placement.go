@@ -82,13 +82,15 @@ const (
 	// A lease renews once 1/RenewDivisor of its lifetime has passed, so
 	// that a renewal that fails leaves time for more before it ends.
 	RenewDivisor = 2
-	// SettleAfter renewals in a row whose grant, and the demand of the
-	// key's instances, moved by at most SettledWithin make a lease
-	// settled: its lifetime then
-	// grows SettledGrowth times at each further renewal, from
-	// ContendedTTL up to UncontendedTTL, so that a steady key costs a
-	// renewal every few seconds, while a key whose share still moves
-	// renews often enough to follow it.
+	// A contended lease is settled once SettleAfter answers in a row, its
+	// first grant and the renewals after it, have left both the grant and
+	// the demand of the key's instances within SettledWithin of the answer
+	// before: key.stable counts those renewals, and nextTTL grows once it
+	// reaches SettleAfter-1. From then its lifetime grows SettledGrowth
+	// times at each renewal, from ContendedTTL up to UncontendedTTL (an
+	// uncontended lease asks for UncontendedTTL at once), so that a steady
+	// key costs a renewal every few seconds, while a key whose share still
+	// moves renews often enough to follow it.
 	SettleAfter   = 3
 	SettledWithin = 0.1
 	SettledGrowth = 4

@@ -264,8 +264,9 @@ func TestLapse(t *testing.T) {
 // A leased key whose decisions stop goes exact and then releases its
 // record, once its demand would not fill half a token per renewal period,
 // or at the latest when it has been idle for half the uncontended
-// lifetime: it never runs a grant Redis has let go. (A sparse key: a busy
-// one falls first, see TestFallReleases.)
+// lifetime: it never runs a grant Redis has let go. (A busy key whose
+// traffic stops keeps its lease until then too, asking for less: see
+// TestFallShrinks.)
 func TestQuietLeaseReleases(t *testing.T) {
 	h := newHarness(t, cfg(1000, 100), 4)
 	for k := 1; k <= 4; k++ {

@@ -45,10 +45,14 @@
 //
 // If Redis loses its records (FLUSHALL, a failover to an empty replica),
 // the first ask that says it runs a grant Redis has no record of reveals
-// the loss (LeaseGrant.Lost): leases granted before it still run, so until
-// the longest lease (LeaseAsk.MaxTTL) has passed no grant grows beyond what
-// its instance runs, and the pool holds at most Rate/Instances per exact
-// user.
+// the loss (LeaseGrant.Lost). Leases granted before it may still run, and
+// of them Redis knows only what instances claim: each ask that finds its
+// record gone adds what its instance runs to known (the hash's "lost"
+// field, "until_us known"), and pushes the loss's end to the longest lease
+// (LeaseAsk.MaxTTL) from then. Until it ends, grants and the pool together
+// hold at most known: a grant grows beyond what its instance runs only
+// into what the claimers gave up since the loss, and the pool holds what
+// the lease records leave of known (capacity, in placement.lua).
 //
 // A Store decides nothing about outages or local quotas; package hybrid
 // composes it with a local limiter and a membership count.

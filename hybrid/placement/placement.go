@@ -83,14 +83,15 @@ const (
 	// that a renewal that fails leaves time for more before it ends.
 	RenewDivisor = 2
 	// A contended lease is settled once SettleAfter answers in a row, its
-	// first grant and the renewals after it, have left both the grant and
-	// the demand of the key's instances within SettledWithin of the answer
-	// before: key.stable counts those renewals, and nextTTL grows once it
-	// reaches SettleAfter-1. From then its lifetime grows SettledGrowth
-	// times at each renewal, from ContendedTTL up to UncontendedTTL (an
-	// uncontended lease asks for UncontendedTTL at once), so that a steady
-	// key costs a renewal every few seconds, while a key whose share still
-	// moves renews often enough to follow it.
+	// first grant and the renewals after it, have left the grant within
+	// SettledWithin, and the demand of the key's instances within
+	// DemandWithin, of the answer before: key.stable counts those
+	// renewals, and nextTTL grows once it reaches SettleAfter-1. From then
+	// its lifetime grows SettledGrowth times at each renewal, from
+	// ContendedTTL up to UncontendedTTL (an uncontended lease asks for
+	// UncontendedTTL at once), so that a steady key costs a renewal every
+	// few seconds, while a key whose share still moves renews often enough
+	// to follow it.
 	SettleAfter   = 3
 	SettledWithin = 0.1
 	SettledGrowth = 4
@@ -260,7 +261,7 @@ type key struct {
 	renewAt   instant // Leased: when the next renewal is due; Exact: not before then may it ask
 	sentAt    instant // when the last ask went out
 	total     float64 // the demand of the key's instances in the last answer (Grant.Demand)
-	stable    uint8   // renewals in a row that moved the grant, and the demand, by at most SettledWithin
+	stable    uint8   // renewals in a row that moved the grant by at most SettledWithin, and the demand by at most DemandWithin
 	contended bool
 	fell      bool // the last look found the traffic fallen, and the one before had not
 }

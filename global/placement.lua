@@ -36,8 +36,7 @@
 --                   gone (ask.lua): of what ran before the loss, only that
 --                   is known. Until until_us, grants and the pool together
 --                   hold at most known (see capacity): they grow only into
---                   what those instances gave up since;
---                   until then (ask.lua);
+--                   what those instances gave up since (ask.lua);
 --   "q"             "at_us instance": the latest turn handed out (take.lua).
 -- Records are live until they end (record_end), and deleted once they
 -- have; so are fields that cannot be read.

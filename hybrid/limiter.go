@@ -65,7 +65,7 @@ type Limiter struct {
 	peakMu  sync.Mutex
 	samples []peerSample // guarded by peakMu: instance counts and names seen within PeakWindow
 
-	// shareMu serialises the changes of the default shares and of the
+	// shareMu serialises the changes of the local quotas' shares and of the
 	// degraded flags, and the publication of a new set by SetLimits, so
 	// that a count change, a degrade and a change of limits at the same
 	// moment cannot leave a stale share or flag.
@@ -129,8 +129,8 @@ type limitState struct {
 
 // New returns a Limiter for cfg and starts its lease loop. It returns an
 // error wrapping ErrConfig, naming the limit and what to fix, if cfg is
-// invalid. The first leases are requested on the first tick, and decisions
-// made before then use the default share. When a Redis client is configured
+// invalid. A Hybrid key's first decisions are exact, and its lease is asked
+// for at a tick after them. When a Redis client is configured
 // New checks it once (a PING and a probe of the right to run scripts),
 // within RedisTimeout, so that refused credentials are an
 // error here, and so is a server TLS certificate the client reports it
@@ -755,11 +755,11 @@ func (l *Limiter) Instances() int { return l.members.Count() }
 // PeakWindow, since it may still be deciding. So an instance must stop
 // deciding and release its records before it leaves. A program that
 // closes its membership itself must close the Limiter first; one that
-// leaves first lets the cluster admit up to this instance's default share
-// too much until the Limiter is closed. If the release fails (Redis
-// unreachable, ctx ended), the records left behind expire within their
-// lease's lifetime; until then Redis may count the key's other instances
-// up to one default share too low.
+// leaves first lets the others' local quotas (Local limits, FailLocal) grow
+// while its own still decides: up to rate/N-hat too much until the Limiter
+// is closed. If the release fails (Redis unreachable, ctx ended), the
+// records left behind expire within their lease's lifetime; until then
+// Redis counts them as running, which only holds the others to less.
 func (l *Limiter) Close(ctx context.Context) error {
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
@@ -793,7 +793,7 @@ func (l *Limiter) onPeers(n int) {
 // and released its records first (Close, then leave), so it no longer
 // counts: every sample that counted it is lowered by one, and N-hat drops
 // at once. A member that failed, or is cut off by a partition, may still
-// be deciding at its own default share: it stays counted in the samples
+// be deciding on its leases or local quotas: it stays counted in the samples
 // for PeakWindow, as before.
 func (l *Limiter) onView(v membership.View) {
 	now := time.Now()
@@ -818,7 +818,7 @@ func (l *Limiter) onView(v membership.View) {
 	l.countChanged(now, v.Count)
 }
 
-// countChanged re-splits the default shares after the instance count
+// countChanged re-splits the local quotas after the instance count
 // changed to n, or N-hat dropped.
 func (l *Limiter) countChanged(now time.Time, n int) {
 	l.m.peers.Set(float64(n))
@@ -832,7 +832,7 @@ func (l *Limiter) countChanged(now time.Time, n int) {
 	}
 }
 
-// resplit splits the default share of ls by n, N-hat at now, and this
+// resplit splits the local quota of ls by n, N-hat at now, and this
 // instance's rank at now.
 func (l *Limiter) resplit(ls *limitEntry, now time.Time, n int) {
 	_, rank := l.place(now)

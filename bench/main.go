@@ -75,6 +75,9 @@ const (
 
 type options struct {
 	quick, embedded, poisson bool
+	// bare gives each instance a membership.Static of its own, not on a
+	// Bus: a count and nothing else, no names, no roster.
+	bare bool
 	// sweep runs the scenarios over the sweep's grid instead of the
 	// default run.
 	sweep                 bool
@@ -118,6 +121,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every duration by `F` (below 1 for a faster, noisier run)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the arrival schedules")
 	fs.BoolVar(&o.poisson, "poisson", false, "Poisson arrivals instead of evenly spaced ones")
+	fs.BoolVar(&o.bare, "bare", false, "bare membership.Static counters, a count each, not on a Bus (no names, no roster)")
 	fs.IntVar(&o.workers, "workers", 2, "closed-loop goroutines per instance")
 	fs.DurationVar(&o.tick, "tick", 0, "hybrid Config.Tick, the lease loop's period (0: the library default, 50ms)")
 	fs.DurationVar(&o.contendedTTL, "contended-ttl", 0, "hybrid Config.ContendedTTL (0: the library default, 600ms)")
@@ -406,7 +410,7 @@ type runner struct {
 func (r *runner) newSetup(strategy string, rate float64, burst int) *setup {
 	r.runs++
 	return &setup{strategy: strategy, backend: r.b, rate: rate, burst: burst, sent: &r.sent, tune: r.o.tune, timeout: r.timeout,
-		prefix: fmt.Sprintf("hlbench:%d:%d:%d", os.Getpid(), r.started.UnixNano()%1e6, r.runs)}
+		bare: r.o.bare, prefix: fmt.Sprintf("hlbench:%d:%d:%d", os.Getpid(), r.started.UnixNano()%1e6, r.runs)}
 }
 
 // reset empties Redis before a run, so that no run inherits another's

@@ -53,6 +53,8 @@ type setup struct {
 	// timeout bounds every redis_rate call, as hybrid.Config.RedisTimeout
 	// bounds the library's.
 	timeout time.Duration
+	// bare: the instances' counters are not on a Bus (see options.bare).
+	bare bool
 }
 
 // client returns a new go-redis client to the backend for one instance,
@@ -221,7 +223,9 @@ func newCluster(s *setup, n int) (*cluster, error) {
 func (c *cluster) member(n int) *membership.Static {
 	c.names++
 	m := membership.NewStatic(fmt.Sprintf("bench-%d", c.names), n)
-	m.Connect(c.bus)
+	if !c.setup.bare {
+		m.Connect(c.bus)
+	}
 	return m
 }
 

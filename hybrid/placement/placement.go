@@ -109,8 +109,9 @@ const (
 	Grow       = 1.25
 	EarlyTicks = 2
 	// A grant below Starved of its fair share is held down by others
-	// that hold more than theirs until they renew: the key asks again a
-	// contended renewal period later, whatever its lease's lifetime.
+	// that hold more than theirs until they renew: the key asks again
+	// EarlyTicks ticks later, whatever its lease's lifetime, since the
+	// others renew early when their traffic fell.
 	Starved = 0.9
 )
 
@@ -248,7 +249,7 @@ type key struct {
 	// average of its rates between looks, weighted over ContendedTTL,
 	// that drops at once when the traffic does (see observe).
 	demand    float64
-	now       float64 // demand now, what its wants ask for: demand, or less while the traffic has fallen
+	now       float64 // demand now, what its wants ask for: an average like demand that a fall resets
 	asked     int64   // Stats.Asked when demand was last updated
 	seenAt    instant // when demand was last updated
 	asked0    int64   // ... and at the update before
@@ -263,7 +264,7 @@ type key struct {
 	total     float64 // the demand of the key's instances in the last answer (Grant.Demand)
 	stable    uint8   // renewals in a row that moved the grant by at most SettledWithin, and the demand by at most DemandWithin
 	contended bool
-	fell      bool // the last look found the traffic fallen, and the one before had not
+	fell      bool // the last look found the traffic fallen below the demand now
 }
 
 // Policy is the placement policy of one Hybrid limit. It is not safe for

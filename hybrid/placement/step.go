@@ -191,12 +191,14 @@ func (p *Policy) toExact(k *key, name string, out []Out) []Out {
 	return append(out, Out{Kind: Mark, Key: name, Gen: k.gen})
 }
 
-// observe updates k's demand with the tokens asked for since it was last
-// updated: an exponentially weighted average of the rates between looks,
-// weighted by how long each lasted, over tau; or, when the last two looks
-// saw the traffic rise far above it (see RiseAbove), what they saw. Its
-// demand now, which its wants ask for, is the same, or what those looks
-// saw when the traffic fell far below it (see FallBelow).
+// observe updates k's demand and its demand now with the tokens asked for
+// since it was last updated. Both are exponentially weighted averages of
+// the rates between looks, weighted by how long each lasted, over tau;
+// when the last two looks saw the traffic rise far above what the key now
+// wants (see RiseAbove), both become what they saw; when they saw it fall
+// far below (see FallBelow), only the demand now does, which its wants ask
+// for from then on, while whether it is worth a lease still goes by the
+// demand, so that clumps a few ticks apart keep their lease.
 func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	dt := t.sub(k.seenAt)
 	if dt <= 0 {
@@ -205,19 +207,16 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	rate := float64(max(0, asked-k.asked)) / dt.Seconds()
 	a := math.Exp(-float64(dt) / float64(tau))
 	k.demand = k.demand*a + rate*(1-a)
-	fallen := k.now < k.demand*FallBelow
-	k.now, k.fell = k.demand, false
+	k.now = k.now*a + rate*(1-a)
+	k.fell = false
 	if span := t.sub(k.seenAt0); k.seenAt0 != 0 && span > 0 {
-		expected := k.demand * span.Seconds()
+		expected := k.now * span.Seconds()
 		saw := float64(max(0, asked-k.asked0))
 		switch {
 		case saw >= FallTokens && saw > RiseAbove*expected:
 			k.demand, k.now = saw/span.Seconds(), saw/span.Seconds()
 		case expected >= FallTokens && saw < FallBelow*expected:
-			// What the key wants now; whether it is worth a lease
-			// still goes by the average, so that clumps a few ticks
-			// apart keep their lease.
-			k.now, k.fell = saw/span.Seconds(), !fallen
+			k.now, k.fell = saw/span.Seconds(), true
 		}
 	}
 	k.asked0, k.seenAt0 = k.asked, k.seenAt
@@ -273,9 +272,10 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		// one, so that what it gave up goes to the others at once.
 		k.renewAt = s.add(p.cfg.Tick)
 	case g.Granted < g.Fair*Starved:
-		// Others hold more than their fair shares until they renew:
-		// ask again a contended renewal later for what they give back.
-		k.renewAt = min(k.renewAt, s.add(p.cfg.ContendedTTL/RenewDivisor))
+		// Others hold more than their fair shares until they renew,
+		// early when their traffic fell: ask again as soon as an early
+		// renewal may come, for what they give back.
+		k.renewAt = min(k.renewAt, s.add(EarlyTicks*p.cfg.Tick))
 	}
 	k.ttl = p.nextTTL(k)
 	return append(out, Out{Kind: Assign, Key: o.Key, Gen: NextGen(k.gen), Rate: g.Granted, Burst: int(burst),

@@ -275,7 +275,7 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		// Others hold more than their fair shares until they renew,
 		// early when their traffic fell: ask again as soon as an early
 		// renewal may come, for what they give back.
-		k.renewAt = min(k.renewAt, s.add(EarlyTicks*p.cfg.Tick))
+		k.renewAt = min(k.renewAt, s.add(p.cfg.Tick))
 	}
 	k.ttl = p.nextTTL(k)
 	return append(out, Out{Kind: Assign, Key: o.Key, Gen: NextGen(k.gen), Rate: g.Granted, Burst: int(burst),

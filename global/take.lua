@@ -93,7 +93,7 @@ else
 end
 
 -- refill is the rate the turns are worked out at: the pool's, or for an
--- exact caller up to its demand, at most its default share: the leases
+-- exact caller up to its demand, at most rate/N-hat: the leases
 -- leave the pool that much from their next renewals. A caller the leases
 -- had left a trickle would be told to wait for it, seconds on a slow key,
 -- while they make room for it within a renewal. Turns are hints only: a

@@ -498,29 +498,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		if ctx.Err() != nil {
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
-		ls.m.redisErrors.Inc()
-		if global.IsReplyError(err) {
-			// WRONGTYPE at this key, NOPERM: about this decision only.
-			// It is denied, which keeps the bound, and so are the key's
-			// next ones for a tick.
-			ls.keys.SetHold(key, r.Mark, now.Add(l.cfg.Tick))
-			return ls.finish(Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}), nil
-		}
-		// Redis, or the Cluster node of this key, may be gone. The loop
-		// checks at its next tick, which degrades every limit if Redis
-		// is: a limit whose keys are all exact has no renewal to tell
-		// it. Until the limit degrades, the key's decisions are denials,
-		// which keep the bound (Redis may answer the other instances);
-		// they try Redis again only a renewal period later, so that they
-		// do not all wait on a node that is down. The key is flagged
-		// failing until a request succeeds.
-		l.exactFailed.Store(true)
-		wait := l.cfg.ContendedTTL / placement.RenewDivisor
-		ls.keys.SetFlag(key, true)
-		ls.keys.SetHold(key, r.Mark, now.Add(wait))
-		err = redact(err, key)
-		ls.failCause.Store(&err)
-		return ls.finish(Decision{RetryAfter: wait, Source: SourceGlobal}), nil
+		return ls.finish(l.takeFailed(ls, key, r.Mark, now, err)), nil
 	}
 	l.exactAnswered.Store(now.UnixNano())
 	if r.Flagged {
@@ -540,6 +518,34 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
 	return ls.finish(d), nil
+}
+
+// takeFailed is the decision on an exact take of key, under mark, that
+// failed at now with err: a denial, held in process for a while.
+func (l *Limiter) takeFailed(ls *limitEntry, key string, mark uint8, now time.Time, err error) Decision {
+	ls.m.redisErrors.Inc()
+	if global.IsReplyError(err) {
+		// WRONGTYPE at this key, NOPERM: about this decision only.
+		// It is denied, which keeps the bound, and so are the key's
+		// next ones for a tick.
+		ls.keys.SetHold(key, mark, now.Add(l.cfg.Tick))
+		return Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}
+	}
+	// Redis, or the Cluster node of this key, may be gone. The loop
+	// checks at its next tick, which degrades every limit if Redis
+	// is: a limit whose keys are all exact has no renewal to tell
+	// it. Until the limit degrades, the key's decisions are denials,
+	// which keep the bound (Redis may answer the other instances);
+	// they try Redis again only a renewal period later, so that they
+	// do not all wait on a node that is down. The key is flagged
+	// failing until a request succeeds.
+	l.exactFailed.Store(true)
+	wait := l.cfg.ContendedTTL / placement.RenewDivisor
+	ls.keys.SetFlag(key, true)
+	ls.keys.SetHold(key, mark, now.Add(wait))
+	err = redact(err, key)
+	ls.failCause.Store(&err)
+	return Decision{RetryAfter: wait, Source: SourceGlobal}
 }
 
 // An allowed exact decision asks for creditTokens more, ahead of the key's

@@ -307,19 +307,36 @@ func (l *Limiter) leaseAsk(ls *limitEntry, o *placement.Out) global.LeaseAsk {
 	}
 }
 
-// renew sends b, made at sent, in one pipeline and hands the answers to the
-// policies.
+// renew sends b, made at sent, in pipelines (sendAsks), and hands the
+// answers to the policies.
 func (l *Limiter) renew(sent time.Time, b *batch) {
+	answered, failed := l.sendAsks(b)
+	l.m.renewal.Observe(time.Since(sent).Seconds())
+	for _, r := range b.refs {
+		r.ls.sent(1)
+	}
+	if !answered {
+		l.batchFailed(sent, b, failed)
+		return
+	}
+	l.health.ok(sent)
+	l.setAllDegraded(false, nil)
+	for i := range b.refs {
+		l.answered(sent, b, &b.refs[i], &b.out[i])
+	}
+}
+
+// sendAsks sends b's asks and puts their answers in b.out, in pipelines of
+// askChunk, each within RedisTimeout: when many keys become worth a lease
+// at once, one pipeline of them all may outlast it, fail, and be sent
+// again at every tick. It reports whether any pipeline was answered, and
+// the error of the last that was not.
+func (l *Limiter) sendAsks(b *batch) (answered bool, failed error) {
 	if cap(b.out) < len(b.asks) {
 		b.out = make([]global.LeaseGrant, len(b.asks))
 	}
 	b.out = b.out[:len(b.asks)]
 	clear(b.out)
-	// In pipelines of askChunk, each within RedisTimeout: when many keys
-	// become worth a lease at once, one pipeline of them all may outlast
-	// it, fail, and be sent again at every tick.
-	var failed error
-	answered := false
 	for i := 0; i < len(b.asks); i += askChunk {
 		j := min(i+askChunk, len(b.asks))
 		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RedisTimeout)
@@ -334,50 +351,41 @@ func (l *Limiter) renew(sent time.Time, b *batch) {
 		}
 		answered = true
 	}
-	l.m.renewal.Observe(time.Since(sent).Seconds())
-	for _, r := range b.refs {
-		r.ls.sent(1)
-	}
-	if !answered {
-		l.batchFailed(sent, b, failed)
+	return answered, failed
+}
+
+// answered hands the answer res to the request r of batch b, sent at sent,
+// to its limit's policy, and carries out what the policy says.
+func (l *Limiter) answered(sent time.Time, b *batch, r *ref, res *global.LeaseGrant) {
+	if r.o.Kind == placement.Release {
+		if res.Err == nil {
+			r.ls.m.leasesReleased.Inc()
+		}
 		return
 	}
-	l.health.ok(sent)
-	l.setAllDegraded(false, nil)
-	for i := range b.refs {
-		r := &b.refs[i]
-		res := &b.out[i]
-		if r.o.Kind == placement.Release {
-			if res.Err == nil {
-				r.ls.m.leasesReleased.Inc()
-			}
-			continue
-		}
-		if r.ls.pol == nil {
-			continue // retired since
-		}
-		if res.Err != nil {
-			r.ls.m.redisErrors.Inc()
-			r.ls.pol.Failed(sent, &r.o)
-			if !global.IsReplyError(res.Err) {
-				// A reply error (WRONGTYPE at the key, NOPERM) is about
-				// this key's requests only, which are denied: not an
-				// outage of it.
-				l.keyFailed(r.ls, r.o.Key, redact(res.Err, r.o.Key))
-			}
-			continue
-		}
-		r.ls.keys.SetFlag(r.o.Key, false)
-		g := placement.Grant{Granted: res.Granted, Fair: res.Fair, Demand: res.Demand, Contended: res.Contended,
-			Lost: res.Lost, Stale: res.Stale, In: res.In, Drained: res.Drained}
-		b.outs = r.ls.pol.Answer(sent, &r.o, &g, b.outs[:0])
-		for _, o := range b.outs {
-			if o.Kind == placement.Assign {
-				r.ls.m.leasesGranted.Inc()
-			}
-		}
-		l.carryOut(r.ls, b)
+	if r.ls.pol == nil {
+		return // retired since
 	}
+	if res.Err != nil {
+		r.ls.m.redisErrors.Inc()
+		r.ls.pol.Failed(sent, &r.o)
+		if !global.IsReplyError(res.Err) {
+			// A reply error (WRONGTYPE at the key, NOPERM) is about this
+			// key's requests only, which are denied: not an outage of it.
+			l.keyFailed(r.ls, r.o.Key, redact(res.Err, r.o.Key))
+		}
+		return
+	}
+	r.ls.keys.SetFlag(r.o.Key, false)
+	g := placement.Grant{Granted: res.Granted, Fair: res.Fair, Demand: res.Demand, Contended: res.Contended,
+		Lost: res.Lost, Stale: res.Stale, In: res.In, Drained: res.Drained}
+	b.outs = r.ls.pol.Answer(sent, &r.o, &g, b.outs[:0])
+	for _, o := range b.outs {
+		if o.Kind == placement.Assign {
+			r.ls.m.leasesGranted.Inc()
+		}
+	}
+	l.carryOut(r.ls, b)
 }
 
 // batchFailed handles a batch that got no answer at all. Each key of it

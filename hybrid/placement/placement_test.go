@@ -482,3 +482,26 @@ func TestCompact(t *testing.T) {
 		t.Errorf("key 99 after the rebuild: %v gen %d, want asking 3", st, gen)
 	}
 }
+
+// A fall holds: a key whose traffic fell from 400/s to 20/s wants about
+// 20/s from the look that saw it on, while its slower average, which says
+// whether it keeps its lease, comes down over a lifetime or two. (The
+// demand now once went back to that average as soon as the average came
+// within FallBelow of the traffic, and asked for four times it.)
+func TestFallHolds(t *testing.T) {
+	k := &key{}
+	tau := 600 * time.Millisecond
+	var asked int64
+	i := 0
+	for ; i < 60; i++ { // 3 s at 400/s
+		asked += 20
+		k.observe(instant(time.Duration(i+1)*tick), asked, tau)
+	}
+	for ; i < 100; i++ { // 2 s at 20/s
+		asked++
+		k.observe(instant(time.Duration(i+1)*tick), asked, tau)
+		if i >= 62 && (k.now < 15 || k.now > 30) {
+			t.Fatalf("%v after the fall: demand now %.1f (average %.1f), want about 20", time.Duration(i-59)*tick, k.now, k.demand)
+		}
+	}
+}

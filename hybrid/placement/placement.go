@@ -108,10 +108,10 @@ const (
 	Shrink     = 0.75
 	Grow       = 1.25
 	EarlyTicks = 2
-	// A grant below Starved of its fair share is held down by others
-	// that hold more than theirs until they renew: the key asks again
-	// at the next tick, whatever its lease's lifetime, since the others
-	// renew early when their traffic fell.
+	// A grant below Starved of its fair share and of its want is held
+	// down by others that hold more than theirs until they renew: the key
+	// asks again at the next tick, whatever its lease's lifetime, since
+	// the others renew early when their traffic fell.
 	Starved = 0.9
 )
 

@@ -505,3 +505,20 @@ func TestFallHolds(t *testing.T) {
 		}
 	}
 }
+
+// A grant at least the key's want is not starved, however far below its
+// fair share (an uncontended fair share carries part of what nobody wants):
+// the key does not ask again until its renewal is due.
+func TestGrantAboveWantIsNotStarved(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	for k := 1; k <= 4; k++ {
+		h.tick(k, 2) // 40/s
+	}
+	if h.last == nil {
+		t.Fatal("no ask after four ticks at 40/s")
+	}
+	h.answer(Grant{Granted: 100, Fair: 500, In: 5 * time.Second})
+	for k := 5; k < 25; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 2), "")
+	}
+}

@@ -271,7 +271,7 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		// that grant ends: say at the next tick that it runs the smaller
 		// one, so that what it gave up goes to the others at once.
 		k.renewAt = s.add(p.cfg.Tick)
-	case g.Granted < g.Fair*Starved:
+	case g.Granted < math.Min(g.Fair, k.want)*Starved:
 		// Others hold more than their fair shares until they renew,
 		// early when their traffic fell: ask again as soon as an early
 		// renewal may come, for what they give back.

@@ -117,11 +117,12 @@ func rankIn(samples []peerSample, live int, self string) (n, rank int) {
 	return n, i
 }
 
-// placeOf is the local.Place of ls's default share for N-hat n and rank
-// rank: a Hybrid limit with Redis reachable may give a rank no burst at all
-// (its keys ask for a lease or go exact on their first denial), so that the
-// shares sum to at most the burst; a limit that never asks (Local mode, an
-// outage) keeps a token on every instance, or its keys could admit nothing.
+// placeOf is the local.Place of ls's local quota for N-hat n and rank
+// rank: a Hybrid limit with Redis reachable decides nothing by it (its keys
+// are exact or leased), so a rank may get no burst at all and the quotas
+// sum to at most the burst; a limit that decides by it (Local mode, an
+// outage with FailLocal) keeps a token on every instance, or its keys could
+// admit nothing.
 func placeOf(ls *limitEntry, n, rank int) local.Place {
 	p := local.Place{Instances: n, Rank: rank, MinBurst: 1}
 	if ls.Mode == Hybrid && !ls.degraded.Load() {

@@ -110,8 +110,8 @@ const (
 	EarlyTicks = 2
 	// A grant below Starved of its fair share and of its want is held
 	// down by others that hold more than theirs until they renew: the key
-	// asks again at the next tick, whatever its lease's lifetime, since
-	// the others renew early when their traffic fell.
+	// asks again EarlyTicks ticks later, whatever its lease's lifetime, as
+	// often as the others may renew early when their traffic fell.
 	Starved = 0.9
 )
 

@@ -270,16 +270,23 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		// Redis counts the larger grant this ask said the key ran until
 		// that grant ends: say at the next tick that it runs the smaller
 		// one, so that what it gave up goes to the others at once.
-		k.renewAt = s.add(p.cfg.Tick)
+		k.renewAt = p.afterTicks(s, 1)
 	case g.Granted < math.Min(g.Fair, k.want)*Starved:
 		// Others hold more than their fair shares until they renew,
-		// early when their traffic fell: ask again as soon as an early
+		// early when their traffic fell: ask again as often as an early
 		// renewal may come, for what they give back.
-		k.renewAt = min(k.renewAt, s.add(p.cfg.Tick))
+		k.renewAt = min(k.renewAt, p.afterTicks(s, EarlyTicks))
 	}
 	k.ttl = p.nextTTL(k)
 	return append(out, Out{Kind: Assign, Key: o.Key, Gen: NextGen(k.gen), Rate: g.Granted, Burst: int(burst),
 		Until: p.time(k.until), Give: g.Drained})
+}
+
+// afterTicks is a renewal time due at the n-th tick after s, the time of
+// an ask, which a tick sent: half a tick before it, so that a tick that
+// fires a hair early is not missed.
+func (p *Policy) afterTicks(s instant, n int) instant {
+	return s.add(time.Duration(n)*p.cfg.Tick - p.cfg.Tick/2)
 }
 
 // burstOf is the whole tokens of the burst that a grant of rate r holds.

@@ -522,3 +522,21 @@ func TestGrantAboveWantIsNotStarved(t *testing.T) {
 		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 2), "")
 	}
 }
+
+// Clumps keep their average: a key asked for in clumps (80 tokens in one
+// tick, then three idle) has a demand about its 400/s average, though each
+// idle spell lowers its demand now and each clump raises it again.
+func TestClumpsKeepTheAverage(t *testing.T) {
+	k := &key{}
+	tau := 600 * time.Millisecond
+	var asked int64
+	for i := range 120 { // 6 s
+		if i%4 == 3 {
+			asked += 80
+		}
+		k.observe(instant(time.Duration(i+1)*tick), asked, tau)
+		if i >= 40 && (k.demand < 250 || k.demand > 600) {
+			t.Fatalf("tick %d: demand %.1f (now %.1f), want about the 400/s average", i, k.demand, k.now)
+		}
+	}
+}

@@ -194,11 +194,11 @@ func (p *Policy) toExact(k *key, name string, out []Out) []Out {
 // observe updates k's demand and its demand now with the tokens asked for
 // since it was last updated. Both are exponentially weighted averages of
 // the rates between looks, weighted by how long each lasted, over tau;
-// when the last two looks saw the traffic rise far above what the key now
-// wants (see RiseAbove), both become what they saw; when they saw it fall
-// far below (see FallBelow), only the demand now does, which its wants ask
-// for from then on, while whether it is worth a lease still goes by the
-// demand, so that clumps a few ticks apart keep their lease.
+// when the last two looks saw the traffic rise far above either (see
+// RiseAbove), that one becomes what they saw; when they saw it fall far
+// below the demand now (see FallBelow), the demand now does, which its
+// wants ask for from then on, while whether it is worth a lease still goes
+// by the demand, so that clumps a few ticks apart keep their lease.
 func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	dt := t.sub(k.seenAt)
 	if dt <= 0 {
@@ -210,13 +210,19 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	k.now = k.now*a + rate*(1-a)
 	k.fell = false
 	if span := t.sub(k.seenAt0); k.seenAt0 != 0 && span > 0 {
-		expected := k.now * span.Seconds()
-		saw := float64(max(0, asked-k.asked0))
+		// Each average is judged against the tokens it would have
+		// brought: a clump after a quiet spell raises the demand now,
+		// not the demand, unless it is far above the demand too.
+		saw, seen := float64(max(0, asked-k.asked0)), span.Seconds()
+		if saw >= FallTokens && saw > RiseAbove*k.demand*seen {
+			k.demand = saw / seen
+		}
+		expected := k.now * seen
 		switch {
 		case saw >= FallTokens && saw > RiseAbove*expected:
-			k.demand, k.now = saw/span.Seconds(), saw/span.Seconds()
+			k.now = saw / seen
 		case expected >= FallTokens && saw < FallBelow*expected:
-			k.now, k.fell = saw/span.Seconds(), true
+			k.now, k.fell = saw/seen, true
 		}
 	}
 	k.asked0, k.seenAt0 = k.asked, k.seenAt

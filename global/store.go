@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -241,12 +242,43 @@ func (s *Store) Check(ctx context.Context) error {
 	return nil
 }
 
-// Ping sends one PING through a pipeline (the part of a client Rediser
-// covers) and returns its error: nil when Redis answered. On a Cluster, any
-// node's answer will do.
+// Ping reports whether Redis answers: nil when it does. On a Cluster it
+// pings every master at once and any answer will do, so that one master
+// down is not taken for Redis gone; elsewhere it sends one PING through a
+// pipeline (the part of a client Rediser covers).
 func (s *Store) Ping(ctx context.Context) error {
+	if c, ok := s.rdb.(masters); ok {
+		var mu sync.Mutex
+		var last error
+		answered := false
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			err := m.Ping(ctx).Err()
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				answered = true
+			} else {
+				last = err
+			}
+			return nil
+		})
+		switch {
+		case answered:
+			return nil
+		case last != nil:
+			return last
+		case err != nil:
+			return err
+		}
+		return errors.New("global: ping: no Cluster master known")
+	}
 	pipe := s.rdb.Pipeline()
 	pipe.Ping(ctx)
 	_, err := pipe.Exec(ctx)
 	return err
+}
+
+// masters is the part of a *redis.ClusterClient that Ping uses.
+type masters interface {
+	ForEachMaster(ctx context.Context, fn func(ctx context.Context, client *redis.Client) error) error
 }

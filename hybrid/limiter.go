@@ -53,11 +53,7 @@ type Limiter struct {
 	// the loop last looked: the loop, which may have no lease to renew,
 	// then checks whether Redis is gone.
 	exactFailed atomic.Bool
-	// exactAnswered is when an exact decision last got Redis's answer
-	// (Unix nanoseconds): check does not take a PING that a Cluster's
-	// dead node failed for Redis gone.
-	exactAnswered atomic.Int64
-	stopWatch     func()
+	stopWatch   func()
 	// quotasEvicted is when the loop last evicted the idle keys of the
 	// local quotas (see quotaEvictEvery). Owned by the loop.
 	quotasEvicted time.Time
@@ -500,7 +496,6 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		}
 		return ls.finish(l.takeFailed(ls, key, r.Mark, now, err)), nil
 	}
-	l.exactAnswered.Store(now.UnixNano())
 	if r.Flagged {
 		ls.keys.SetFlag(key, false)
 	}

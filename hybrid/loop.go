@@ -156,19 +156,14 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 // check degrades every limit that uses Redis if Redis does not answer a
 // PING: an exact decision failed, and no renewal is on its way to tell.
 // Decisions then stop waiting on Redis (invariant 3) and follow their
-// policies, until a probe finds Redis back.
-//
-// On a Cluster the PING goes to one node, perhaps the one that is down:
-// if an exact decision got an answer within the last two ticks, Redis is
-// there, and only some keys' node is not.
+// policies, until a probe finds Redis back. On a Cluster every master is
+// pinged, and one answer means Redis is there (global.Store.Ping).
 func (l *Limiter) check() {
-	err := l.ping()
-	now := time.Now()
-	if err == nil || now.Sub(time.Unix(0, l.exactAnswered.Load())) < 2*l.cfg.Tick {
-		l.health.ok(now)
+	if err := l.ping(); err != nil {
+		l.setAllDegraded(true, &cause{err: err})
 		return
 	}
-	l.setAllDegraded(true, &cause{err: err})
+	l.health.ok(time.Now())
 }
 
 // reconcile puts the limits as configured now in force in the loop's own

@@ -93,7 +93,7 @@ func ExampleLoad() {
 	}
 	fmt.Printf("%+v\n", l.Limits())
 	// Output:
-	// kept the old limits: :2: limit "api": on_outage "fail-opn" is not a policy: write on_outage: fail-local (or fail-open, fail-closed)
+	// kept the old limits: :2: limit "api": on_outage "fail-opn" is not a policy: write on_outage: fail-open (or fail-local, fail-closed)
 	// [{Name:api Rate:100 Burst:20 Mode:local OnOutage:fail-open Shadow:false}]
 }
 

@@ -28,6 +28,7 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -311,7 +312,8 @@ func (p *parser) modes(item *yaml.Node, given map[string]*yaml.Node, l *hybrid.L
 		// may also carry spaces. An empty value reads as the unset mode,
 		// which New would reject without saying where.
 		if err := l.Mode.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil || l.Mode == hybrid.ModeUnset {
-			p.errorf(v, "mode %q is not a mode: write mode: hybrid (or local, global)", v.Value)
+			first, rest := nearest(v.Value, "hybrid", "local", "global")
+			p.errorf(v, "mode %q is not a mode: write mode: %s (or %s)", v.Value, first, rest)
 		}
 	}
 	guess, others := "fail-local", "fail-open, fail-closed"
@@ -320,7 +322,8 @@ func (p *parser) modes(item *yaml.Node, given map[string]*yaml.Node, l *hybrid.L
 	}
 	if v := p.field(item, given, "on_outage", fmt.Sprintf("write on_outage: %s (or %s): what the limit does while Redis is down", guess, others)); v != nil {
 		if err := l.OnOutage.UnmarshalText([]byte(strings.TrimSpace(v.Value))); err != nil || l.OnOutage == hybrid.PolicyUnset {
-			p.errorf(v, "on_outage %q is not a policy: write on_outage: %s (or %s)", v.Value, guess, others)
+			first, rest := nearest(v.Value, guess, strings.Split(others, ", ")...)
+			p.errorf(v, "on_outage %q is not a policy: write on_outage: %s (or %s)", v.Value, first, rest)
 		}
 	}
 }
@@ -443,6 +446,25 @@ func suggestField(s string) string {
 		return fmt.Sprintf("write %s instead (a limit has %s)", best, strings.Join(fields, ", "))
 	}
 	return fmt.Sprintf("remove it (a limit has %s)", strings.Join(fields, ", "))
+}
+
+// nearest orders the valid values def and others for a message about the
+// invalid value typed: the one nearest to it first (by edit distance, also
+// against each value without its "fail-" prefix, so that "close" finds
+// fail-closed), or def when none is within two edits; the rest joined by
+// ", " in their given order.
+func nearest(typed, def string, others ...string) (first, rest string) {
+	t := normalize(typed)
+	all := append([]string{def}, others...)
+	best, dist := 0, 3
+	for i, v := range all {
+		d := min(editDistance(t, v), editDistance(t, strings.TrimPrefix(v, "fail-")))
+		if d < dist {
+			best, dist = i, d
+		}
+	}
+	first = all[best]
+	return first, strings.Join(slices.Delete(all, best, best+1), ", ")
 }
 
 // editDistance is the Levenshtein distance between a and b.

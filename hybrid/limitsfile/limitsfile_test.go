@@ -169,6 +169,21 @@ func TestParseErrors(t *testing.T) {
 			`limits.yaml:6: limit "api": on_outage "fail-soft" is not a policy: write on_outage: fail-local (or fail-open, fail-closed)`,
 		},
 	}, {
+		// The suggestion is the valid value nearest to what was typed:
+		// fail-close is one letter from fail-closed, not fail-local.
+		name: "misspelled mode and policy",
+		file: strings.Replace(strings.Replace(good, "mode: hybrid", "mode: Globl", 1), "fail-local", "fail-close", 1),
+		want: []string{
+			`limits.yaml:5: limit "api": mode "Globl" is not a mode: write mode: global (or hybrid, local)`,
+			`limits.yaml:6: limit "api": on_outage "fail-close" is not a policy: write on_outage: fail-closed (or fail-local, fail-open)`,
+		},
+	}, {
+		name: "policy without its prefix",
+		file: strings.Replace(good, "fail-local", "open", 1),
+		want: []string{
+			`limits.yaml:6: limit "api": on_outage "open" is not a policy: write on_outage: fail-open (or fail-local, fail-closed)`,
+		},
+	}, {
 		name: "quoted empty mode and policy",
 		file: strings.Replace(strings.Replace(good, "mode: hybrid", `mode: ""`, 1), "fail-local", `" "`, 1),
 		want: []string{

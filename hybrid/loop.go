@@ -214,9 +214,7 @@ func (l *Limiter) retire(e *limitEntry, b *batch) {
 		for i := range e.keys.Shards() {
 			e.stats = e.keys.AppendShardStats(i, e.stats[:0])
 			for j := range e.stats {
-				// A generation newer than any record of the key's (see
-				// placement.Policy.State): the key's mark, or its ask's.
-				o := placement.Out{Kind: placement.Release, Key: e.stats[j].Key, Gen: placement.NextGen(e.stats[j].Mark)}
+				o := e.pol.Release(e.stats[j].Key, e.stats[j].Mark)
 				e.keys.SetMark(o.Key, o.Gen)
 				b.asks = append(b.asks, l.leaseAsk(e, &o))
 				b.refs = append(b.refs, ref{ls: e, o: o})

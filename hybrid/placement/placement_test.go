@@ -423,6 +423,27 @@ func TestForget(t *testing.T) {
 	expect(t, "late answer", show(h.p.Answer(h.sent, &o, &Grant{Granted: 250, Fair: 250, In: time.Second}, nil)), "")
 }
 
+// The release of a retired limit's key is newer than every record the
+// instance may have left: its exact mark, its lease, and an ask whose
+// answer never came (TestSetLimitsUnderLoad lost leases to that: the loop
+// stopped with an ask in flight, and a release at the mark's next
+// generation was older than the ask's record).
+func TestRelease(t *testing.T) {
+	expect(t, "untracked key", show([]Out{New(cfg(1000, 100)).Release("x", 7)}), "release gen=8")
+	h := newHarness(t, cfg(1000, 100), 4)
+	h.tick(1, 50) // ask gen=3, from mark 1
+	h.fail()
+	expect(t, "ask unanswered", show([]Out{h.p.Release("k", FirstGen)}), "release gen=4")
+	h.tick(2, 50) // asks again, gen=5
+	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond})
+	expect(t, "leased", show([]Out{h.p.Release("k", 6)}), "release gen=7")
+	h.tick(8, 50) // renewal: ask gen=7, unanswered, the mark still 6
+	expect(t, "renewal unanswered", show([]Out{h.p.Release("k", 6)}), "release gen=8")
+	if !newer(1, 255) || newer(255, 1) || newer(3, 3) {
+		t.Error("newer does not wrap as placement.lua's does")
+	}
+}
+
 // Generations run 1 to 255 and wrap, never 0, which marks no key.
 func TestNextGen(t *testing.T) {
 	for _, tc := range []struct{ g, want uint8 }{{1, 2}, {254, 255}, {255, 1}} {

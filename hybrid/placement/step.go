@@ -324,6 +324,28 @@ func (p *Policy) Failed(sent time.Time, o *Out) {
 	}
 }
 
+// Release returns the release of key's record when its limit is retired
+// (removed, no longer Hybrid, or closed). mark is the key's mark in the
+// local limiter: the generation of its exact decisions, or its lease's.
+// The release's generation is newer than mark and than the key's last
+// ask, even one whose answer never came (the loop stopped, or the pipeline
+// failed after Redis ran it), so that Redis deletes whatever record the
+// instance left.
+func (p *Policy) Release(name string, mark uint8) Out {
+	g := mark
+	if k := p.keys[name]; k != nil && newer(k.gen, g) {
+		g = k.gen
+	}
+	return Out{Kind: Release, Key: name, Gen: NextGen(g)}
+}
+
+// newer reports whether generation a is newer than b, in serial number
+// arithmetic modulo 256 (RFC 1982), as Redis compares them (placement.lua).
+func newer(a, b uint8) bool {
+	d := a - b
+	return d >= 1 && d <= 127
+}
+
 // Forget drops key, which the local limiter evicted (idle), appending the
 // release of its record if it held or asked for a lease.
 func (p *Policy) Forget(name string, out []Out) []Out {

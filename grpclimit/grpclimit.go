@@ -124,7 +124,8 @@ func WithOutageRetryAfter(d time.Duration) Option {
 // UnaryServerInterceptor returns a unary server interceptor that admits each
 // call against limit of l, keyed by key, before calling the handler. A call
 // that is not admitted fails as the package documentation describes, and the
-// handler is not called. It panics if l or key is nil.
+// handler is not called. It panics if l or key is nil, or if l has no limit
+// of that name (see hybrid.Middleware).
 func UnaryServerInterceptor(l *hybrid.Limiter, limit string, key KeyFunc, opts ...Option) grpc.UnaryServerInterceptor {
 	c := newChecker(l, limit, key, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -145,7 +146,8 @@ func UnaryServerInterceptor(l *hybrid.Limiter, limit string, key KeyFunc, opts .
 // each stream against limit of l, keyed by key, when it opens: the stream is
 // one call of the given cost, whatever the number of messages on it. A stream
 // that is not admitted fails as the package documentation describes, and the
-// handler is not called. It panics if l or key is nil.
+// handler is not called. It panics if l or key is nil, or if l has no limit
+// of that name (see hybrid.Middleware).
 func StreamServerInterceptor(l *hybrid.Limiter, limit string, key KeyFunc, opts ...Option) grpc.StreamServerInterceptor {
 	c := newChecker(l, limit, key, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -175,6 +177,9 @@ func newChecker(l *hybrid.Limiter, limit string, key KeyFunc, opts []Option) *ch
 	}
 	if key == nil {
 		panic("grpclimit: nil KeyFunc")
+	}
+	if _, err := l.Quota(limit); err != nil {
+		panic("grpclimit: " + err.Error())
 	}
 	c := &checker{l: l, limit: limit, key: key, options: options{outage: hybrid.DefaultOutageRetryAfter}}
 	for _, o := range opts {

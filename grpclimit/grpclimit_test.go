@@ -254,13 +254,14 @@ func TestRefusals(t *testing.T) {
 		key      string
 		opts     []grpclimit.Option
 		close    bool
+		remove   bool // SetLimits removes the limit once the interceptors are built
 		code     codes.Code
 		pushback string
 	}{
 		// Waiting can never help: no RetryInfo, and the pushback says so.
 		{name: "cost above burst", limit: "api", key: "k", opts: []grpclimit.Option{cost(4)}, code: codes.ResourceExhausted, pushback: "-1"},
 		{name: "cost 0", limit: "api", key: "k", opts: []grpclimit.Option{cost(0)}, code: codes.Internal},
-		{name: "unknown limit", limit: "nope", key: "k", code: codes.Internal},
+		{name: "limit removed", limit: "api", key: "k", remove: true, code: codes.Internal},
 		{name: "closed limiter", limit: "api", key: "k", close: true, code: codes.Unavailable},
 		{name: "empty key denied", limit: "api", opts: []grpclimit.Option{grpclimit.WithEmptyKey(grpclimit.EmptyKeyReject)}, code: codes.Unauthenticated},
 	} {
@@ -270,6 +271,12 @@ func TestRefusals(t *testing.T) {
 				s := both(t, l, tc.limit, tc.opts...)
 				if tc.close {
 					if err := l.Close(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if tc.remove {
+					other := hybrid.Limit{Name: "other", Rate: slow, Burst: 3, Mode: hybrid.Local, OnOutage: hybrid.FailLocal}
+					if err := l.SetLimits([]hybrid.Limit{other}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -570,6 +577,8 @@ func TestPanics(t *testing.T) {
 		"just /":               func() { grpclimit.WithSkipMethods("/") },
 		"one bad name of many": func() { grpclimit.WithSkipMethods(check, "Watch") },
 		"unknown EmptyKey":     func() { grpclimit.WithEmptyKey(grpclimit.EmptyKey(3)) },
+		"unknown limit":        func() { grpclimit.UnaryServerInterceptor(l, "apii", byKey) },
+		"unknown stream limit": func() { grpclimit.StreamServerInterceptor(l, "apii", byKey) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {

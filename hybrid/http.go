@@ -31,7 +31,7 @@ type Quota struct {
 func (l *Limiter) Quota(limit string) (Quota, error) {
 	ls := l.lookup(limit)
 	if ls == nil {
-		return Quota{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
+		return Quota{}, l.unknown(limit)
 	}
 	return ls.quota(), nil
 }
@@ -173,7 +173,11 @@ type middleware struct {
 // Middleware returns net/http middleware that admits each request against
 // limit, keyed by key(r): a client's API key, its address behind trusted
 // proxies (ClientIP), a route (KeyRoute), or several of them (KeyFirst,
-// KeyJoin). It panics if l or key is nil.
+// KeyJoin). It panics if l or key is nil, or if l has no limit of that
+// name, in the way regexp.MustCompile does: a misspelled limit is a
+// mistake in the program or its configuration, found where the handler is
+// built, not a 503 on every request. A limit that a later SetLimits
+// removes is answered as below, as a Limiter that cannot decide.
 //
 // Every decided request gets the IETF RateLimit-Policy and RateLimit
 // header fields (draft-ietf-httpapi-ratelimit-headers), written by
@@ -212,6 +216,9 @@ type middleware struct {
 func Middleware(l *Limiter, limit string, key func(*http.Request) string, opts ...MiddlewareOption) func(http.Handler) http.Handler {
 	if l == nil || key == nil {
 		panic("hybrid: Middleware needs a Limiter and a key function")
+	}
+	if _, err := l.Quota(limit); err != nil {
+		panic("hybrid.Middleware: " + err.Error())
 	}
 	m := &middleware{l: l, limit: limit, key: key, outageRetryAfter: DefaultOutageRetryAfter}
 	for _, o := range opts {

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,10 +67,6 @@ func TestMiddleware(t *testing.T) {
 	}
 	if resp := serve(t, h, "bob"); resp.StatusCode != http.StatusNoContent {
 		t.Errorf("another key was limited: %d", resp.StatusCode)
-	}
-	unknown := hybrid.Middleware(l, "nope", byHeader)(http.NotFoundHandler())
-	if resp := serve(t, unknown, "alice"); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("unknown limit: status %d, want 503", resp.StatusCode)
 	}
 	if err := l.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -322,14 +319,14 @@ func TestMiddlewareOptions(t *testing.T) {
 		// wait, give or take the time the test takes.
 		denied: []hybrid.Decision{{RetryAfter: time.Second, Source: hybrid.SourceLocal}},
 	}, {
-		name:  "error handler",
-		limit: "nope",
-		opts: []hybrid.MiddlewareOption{hybrid.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
-			errs = append(errs, err)
-			w.WriteHeader(http.StatusBadGateway)
-		})},
+		name: "error handler",
+		opts: []hybrid.MiddlewareOption{hybrid.WithCost(func(*http.Request) int { return 0 }),
+			hybrid.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+				errs = append(errs, err)
+				w.WriteHeader(http.StatusBadGateway)
+			})},
 		steps: []step{{"a", "/", 502, false}},
-		errs:  []error{hybrid.ErrUnknownLimit},
+		errs:  []error{hybrid.ErrInvalidN},
 	}, {
 		name:  "empty key skipped",
 		opts:  []hybrid.MiddlewareOption{hybrid.WithEmptyKey(hybrid.EmptyKeySkip)},
@@ -387,5 +384,34 @@ func TestMiddlewareOptions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMiddlewareUnknownLimit: a limit name the Limiter does not have is a
+// mistake found where the middleware is built (a panic naming the limits it
+// has), not a 503 on every request; a limit SetLimits removes later is
+// answered 503, as a Limiter that cannot decide.
+func TestMiddlewareUnknownLimit(t *testing.T) {
+	l := newLimiter(t, hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "api", Rate: 10, Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+		{Name: "login", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailClosed},
+	}})
+	func() {
+		defer func() {
+			msg, _ := recover().(string)
+			for _, want := range []string{`"apii"`, `"api", "login"`} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("panic %q does not say %s", msg, want)
+				}
+			}
+		}()
+		hybrid.Middleware(l, "apii", byHeader)
+	}()
+	h := hybrid.Middleware(l, "login", byHeader)(http.NotFoundHandler())
+	if err := l.SetLimits(l.Limits()[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if resp := serve(t, h, "alice"); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("removed limit: status %d, want 503", resp.StatusCode)
 	}
 }

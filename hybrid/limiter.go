@@ -335,7 +335,7 @@ func (l *Limiter) entry(limit string) (*limitEntry, error) {
 	}
 	ls := l.lookup(limit)
 	if ls == nil {
-		return nil, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
+		return nil, l.unknown(limit)
 	}
 	return ls, nil
 }
@@ -716,7 +716,7 @@ type Status struct {
 func (l *Limiter) Status(limit string) (Status, error) {
 	ls := l.lookup(limit)
 	if ls == nil {
-		return Status{}, fmt.Errorf("%w %q", ErrUnknownLimit, limit)
+		return Status{}, l.unknown(limit)
 	}
 	st := Status{
 		Limit:      ls.Limit,
@@ -779,6 +779,20 @@ func (l *Limiter) Close(ctx context.Context) error {
 		l.closeErr = errors.Join(errs...)
 	})
 	return l.closeErr
+}
+
+// unknown is the error for a limit name l does not have: ErrUnknownLimit,
+// with the names it has, so that a misspelling is seen at once.
+func (l *Limiter) unknown(limit string) error {
+	var names []string
+	for _, e := range l.set.Load().order {
+		names = append(names, strconv.Quote(e.Name))
+	}
+	has := "no limits"
+	if len(names) > 0 {
+		has = "limits " + strings.Join(names, ", ")
+	}
+	return fmt.Errorf("%w %q (the Limiter has %s)", ErrUnknownLimit, limit, has)
 }
 
 // onPeers is called by membership when N changes, if Members is not a

@@ -99,6 +99,12 @@ var (
 	// accepted this node (wrong address, nothing listening yet, or a
 	// different encryption key).
 	ErrJoin = errors.New("membership: cannot join cluster")
+
+	// ErrNameInUse means a live member of the cluster already has this
+	// node's name, at another address: two nodes of one name would count
+	// as one, and each instance would run more than its share of every
+	// limit. Give each instance its own Config.Name, or leave it empty.
+	ErrNameInUse = errors.New("membership: node name already in use")
 )
 
 // randomSuffix returns 8 random hex digits, to make generated names unique.

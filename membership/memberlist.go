@@ -231,6 +231,10 @@ type Memberlist struct {
 	stopRejoin       context.CancelFunc
 	rejoinDone       chan struct{} // closed when rejoinLoop returns; nil without seeds
 
+	// nameTaken is the address of another node that claims this node's
+	// name while it is live (memberlist's conflict), if one has.
+	nameTaken atomic.Pointer[string]
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -259,9 +263,11 @@ func Join(cfg Config) (*Memberlist, error) {
 // Once joined, a node with seeds tries them again in the background
 // whenever it is alone, until Close (see Config.Seeds).
 //
-// It returns an error wrapping ErrInvalidConfig if cfg is unusable, or
+// It returns an error wrapping ErrInvalidConfig if cfg is unusable,
 // ErrStart if the node cannot be started (for example, the address is in
-// use).
+// use), or ErrNameInUse if a live member already has cfg.Name at another
+// address (a copied configuration, two processes of one host given the
+// host name): memberlist would count the two as one.
 func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	if cfg.Transport != nil {
 		defer func() {
@@ -301,6 +307,7 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	m.nt = newNotifier(m.refresh, m.Count, true)
 	conf.Events = eventDelegate{m}
 	conf.Delegate = delegate{m}
+	conf.Conflict = conflictDelegate{m}
 
 	ml, err := memberlist.Create(conf)
 	if err != nil {
@@ -316,7 +323,12 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 		if m.seeds, err = parseSeeds(cfg.Seeds, conf.BindPort); err == nil {
 			err = m.join(ctx, cmp.Or(cfg.JoinTimeout, DefaultJoinTimeout))
 		}
+		if err == nil {
+			err = m.nameFree()
+		}
 		if err != nil {
+			// No Leave: a leave in this name would say that the live
+			// member of the name left.
 			_ = ml.Shutdown()
 			return nil, err
 		}
@@ -533,6 +545,33 @@ func (m *Memberlist) close(leave bool) error {
 		m.logger.Info("membership: closed", "name", m.name, "graceful", leave, "err", m.closeErr)
 	})
 	return m.closeErr
+}
+
+// nameFree returns an error wrapping ErrNameInUse if, while joining, a
+// member reported another node live under this node's name.
+func (m *Memberlist) nameFree() error {
+	if addr := m.nameTaken.Load(); addr != nil {
+		return fmt.Errorf("%w: %q is live at %s: give each instance its own Config.Name, "+
+			"or leave Name empty for one unique to the process", ErrNameInUse, m.name, *addr)
+	}
+	return nil
+}
+
+// conflictDelegate hears from memberlist of two nodes that claim one name
+// from different addresses while the first is live. memberlist keeps the
+// first and ignores the other, so both would decide while counted once.
+type conflictDelegate struct{ m *Memberlist }
+
+func (d conflictDelegate) NotifyConflict(existing, other *memberlist.Node) {
+	if existing.Name != d.m.name {
+		d.m.logger.Error("membership: two nodes claim one name: the second is not counted",
+			"name", existing.Name, "addr", existing.Address(), "other_addr", other.Address())
+		return
+	}
+	addr := other.Address()
+	d.m.nameTaken.CompareAndSwap(nil, &addr)
+	d.m.logger.Error("membership: another node claims this node's name: give each instance its own name",
+		"name", existing.Name, "addr", existing.Address(), "other_addr", addr)
 }
 
 // eventDelegate turns memberlist's membership events into wake-ups of the

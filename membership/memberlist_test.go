@@ -404,6 +404,28 @@ func TestJoinAddrInUse(t *testing.T) {
 	}
 }
 
+// A node whose name a live member already has is refused, naming the
+// name and where it lives, and the cluster goes on counting its members
+// right; whether the name's owner is the seed or a member the seed knows.
+func TestJoinNameInUse(t *testing.T) {
+	t.Cleanup(func() { verifyNoLeaks(t) })
+	a := startNode(t, "a", nil)
+	b := startNode(t, "b", nil, a.Addr())
+	waitCount(t, 5*time.Second, 2, a, b)
+	for _, name := range []string{"a", "b"} {
+		m, err := Join(Config{Name: name, BindAddr: "127.0.0.1", Seeds: []string{a.Addr()}, Profile: Local, Logger: testLogger(t)})
+		if m != nil {
+			_ = m.Close()
+		}
+		owner := map[string]*Memberlist{"a": a, "b": b}[name]
+		if !errors.Is(err, ErrNameInUse) || !strings.Contains(err.Error(), strconv.Quote(name)) || !strings.Contains(err.Error(), owner.Addr()) {
+			t.Errorf("Join as %q: err = %v, want ErrNameInUse naming it and %s", name, err, owner.Addr())
+		}
+	}
+	c := startNode(t, "c", nil, a.Addr())
+	waitCount(t, 5*time.Second, 3, a, b, c)
+}
+
 func TestMemberlistDefaults(t *testing.T) {
 	t.Cleanup(func() { verifyNoLeaks(t) })
 	var buf syncBuffer

@@ -1,11 +1,33 @@
 package hybrid
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/hybridlimit/hybridlimit/global"
 )
+
+// MaxKeyBytes is the longest key a Limiter holds as it is given. Keys
+// often come from clients (an API key, a header, a path), and a client may
+// send megabytes: a longer key is held, in process, in Redis and in logs,
+// as "#" followed by the hex SHA-256 of the key (65 bytes), so that what a
+// key costs does not grow with its length. So is a key that starts with
+// "#", so that no key given can spell another's digest. Two keys share a
+// bucket only if SHA-256 collides.
+const MaxKeyBytes = global.MaxKeyBytes
+
+// heldKey is key as the Limiter holds it (see MaxKeyBytes).
+func heldKey(key string) string {
+	if len(key) <= MaxKeyBytes && !strings.HasPrefix(key, "#") {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "#" + hex.EncodeToString(sum[:])
+}
 
 // KeyFunc returns the key a request is limited by, for Middleware. An empty
 // key means the request has none: Middleware's WithEmptyKey option says what

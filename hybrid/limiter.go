@@ -318,12 +318,15 @@ func (l *Limiter) Allow(ctx context.Context, limit, key string) (Decision, error
 //
 // A limit changed by SetLimits decides by its new Limit from the moment
 // SetLimits returns; a removed one returns ErrUnknownLimit.
+//
+// A key longer than MaxKeyBytes is held as its SHA-256 digest: what a key
+// costs in memory, in Redis and in logs does not grow with its length.
 func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (d Decision, err error) {
 	ls, err := l.entry(limit)
 	if err != nil {
 		return Decision{}, err
 	}
-	err = l.decide(ctx, ls, key, n, &d)
+	err = l.decide(ctx, ls, heldKey(key), n, &d)
 	return d, err
 }
 

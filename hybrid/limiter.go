@@ -57,6 +57,9 @@ type Limiter struct {
 	// quotasEvicted is when the loop last evicted the idle keys of the
 	// local quotas (see quotaEvictEvery). Owned by the loop.
 	quotasEvicted time.Time
+	// definitionsAt is when the loop last compared the instances'
+	// definitions of the limits (compareDefinitions). Owned by the loop.
+	definitionsAt time.Time
 
 	peakMu  sync.Mutex
 	samples []peerSample // guarded by peakMu: instance counts and names seen within PeakWindow
@@ -121,6 +124,9 @@ type limitState struct {
 	pol     *placement.Policy // nil unless applied.Mode is Hybrid
 	applied Limit             // the Limit pol and the loop follow; zero until the loop first sees the limit
 	stats   []local.KeyStats
+	// disagreement is how the other instances' definitions of the limit
+	// differed from this one's when last compared, "" when they agreed.
+	disagreement string
 }
 
 // New returns a Limiter for cfg and starts its lease loop. It returns an

@@ -20,6 +20,7 @@ type store interface {
 	TakePool(ctx context.Context, r global.PoolTake) (global.Take, error)
 	Ping(ctx context.Context) error
 	Check(ctx context.Context) error
+	Definitions(ctx context.Context, limit, instance, def string, ttl time.Duration) (map[string]string, error)
 }
 
 var _ store = (*global.Store)(nil)
@@ -142,6 +143,10 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 			l.collect(now, n, ls, b)
 		}
 	}
+	if now.Sub(l.definitionsAt) >= definitionsEvery {
+		l.definitionsAt = now
+		l.compareDefinitions(set)
+	}
 	suspect := l.exactFailed.Swap(false)
 	switch {
 	case len(b.asks) > 0:
@@ -182,6 +187,7 @@ func (l *Limiter) reconcile(now time.Time, n int, b *batch) *limitSet {
 			}
 		}
 		l.seen = set
+		l.definitionsAt = time.Time{} // compare the new definitions at once
 	}
 	for _, e := range set.order {
 		if e.applied != e.Limit {

@@ -21,6 +21,7 @@ type metrics struct {
 	leasedRate     *prometheus.GaugeVec
 	contendedKeys  *prometheus.GaugeVec
 	degraded       *prometheus.GaugeVec
+	disagreeing    *prometheus.GaugeVec
 	peers          prometheus.Gauge
 	renewal        prometheus.Histogram
 }
@@ -65,6 +66,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "hybridlimit_degraded",
 			Help: "1 while the limit runs on its outage policy because Redis is unreachable, 0 when normal.",
 		}, []string{"limit"}),
+		disagreeing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "hybridlimit_limit_disagreeing_instances",
+			Help: "Other live instances that run the limit at another rate, burst or mode, as last compared in Redis (every 5 s), by limit.",
+		}, []string{"limit"}),
 		peers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hybridlimit_peers",
 			Help: "Live instance count N, self included.",
@@ -79,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.redisCommands, m.redisErrors, m.leasesGranted,
-		m.leasesReleased, m.leasesExpired, m.leasedRate, m.contendedKeys, m.degraded, m.peers, m.renewal} {
+		m.leasesReleased, m.leasesExpired, m.leasedRate, m.contendedKeys, m.degraded, m.disagreeing, m.peers, m.renewal} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -99,6 +104,7 @@ type limitMetrics struct {
 	leasedRate     prometheus.Gauge
 	contendedKeys  prometheus.Gauge
 	degraded       prometheus.Gauge
+	disagreeing    prometheus.Gauge
 }
 
 // forLimit returns the children of the named limit, whose decisions in
@@ -114,6 +120,7 @@ func (m *metrics) forLimit(name string, loc, keys *local.Limiter) *limitMetrics 
 		leasedRate:     m.leasedRate.WithLabelValues(name),
 		contendedKeys:  m.contendedKeys.WithLabelValues(name),
 		degraded:       m.degraded.WithLabelValues(name),
+		disagreeing:    m.disagreeing.WithLabelValues(name),
 	}
 	return lm
 }
@@ -126,7 +133,7 @@ func (m *metrics) forget(name string) {
 	for _, v := range []*prometheus.CounterVec{m.redisCommands, m.redisErrors, m.leasesGranted, m.leasesReleased, m.leasesExpired} {
 		v.DeletePartialMatch(labels)
 	}
-	for _, v := range []*prometheus.GaugeVec{m.leasedRate, m.contendedKeys, m.degraded} {
+	for _, v := range []*prometheus.GaugeVec{m.leasedRate, m.contendedKeys, m.degraded, m.disagreeing} {
 		v.DeletePartialMatch(labels)
 	}
 }

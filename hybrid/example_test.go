@@ -286,11 +286,18 @@ func ExampleWithCost() {
 		}
 		return n
 	}
-	h := hybrid.Middleware(l, "rows", hybrid.KeyHeader("X-Api-Key"), hybrid.WithCost(rows))(
+	// A cost above the burst can never be admitted: a mistake, by default
+	// a 500. Here the client chose it, so it is told 413.
+	tooLarge := func(w http.ResponseWriter, r *http.Request, err error) {
+		if errors.Is(err, hybrid.ErrExceedsBurst) {
+			http.Error(w, "ask for at most 100 rows at once", http.StatusRequestEntityTooLarge)
+			return
+		}
+		http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+	}
+	h := hybrid.Middleware(l, "rows", hybrid.KeyHeader("X-Api-Key"), hybrid.WithCost(rows), hybrid.WithErrorHandler(tooLarge))(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 
-	// The last request can never be admitted (500 > the burst): no
-	// Retry-After.
 	for _, q := range []string{"?limit=60", "?limit=30", "?limit=30", "", "?limit=500"} {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodGet, "/export"+q, nil)
@@ -303,7 +310,7 @@ func ExampleWithCost() {
 	// "?limit=30" 200 RateLimit: "rows";r=10;t=1 Retry-After: ""
 	// "?limit=30" 429 RateLimit: "rows";r=10;t=1 Retry-After: "1"
 	// ""          200 RateLimit: "rows";r=9;t=1 Retry-After: ""
-	// "?limit=500" 429 RateLimit: "rows";r=0;t=1 Retry-After: ""
+	// "?limit=500" 413 RateLimit:  Retry-After: ""
 }
 
 func ExampleWithSkip() {

@@ -105,9 +105,13 @@ type MiddlewareOption func(*middleware)
 
 // WithCost makes each request take cost(r) tokens instead of 1 (the size of
 // an upload, the number of items of a batch). A cost above the limit's
-// burst can never be admitted: the request is denied with RetryAfter Never,
-// so the default deny handler gives it no Retry-After. A cost below 1 is an
-// error (ErrInvalidN) handed to the error handler: use WithSkip to let a
+// burst (in Local mode, above this instance's share of it) can never be
+// admitted: it is a mistake in the costs, not a rate limit, handed to the
+// error handler as ErrExceedsBurst, which by default answers 500 Internal
+// Server Error with no Retry-After (a handler may answer 413 for a batch
+// the client sized); the Limiter logs it once per limit and counts it
+// under the outcome exceeds_burst. A cost below 1 is an error
+// (ErrInvalidN) handed to the error handler: use WithSkip to let a
 // request through free. Nil means 1.
 func WithCost(cost func(*http.Request) int) MiddlewareOption {
 	return func(m *middleware) { m.cost = cost }
@@ -192,8 +196,7 @@ type middleware struct {
 //
 // An admitted request goes to next. A denied request gets 429 Too Many
 // Requests (WithDenyHandler changes the answer) with Retry-After in whole
-// seconds, unless it can never be admitted (a cost above the burst), and
-// next is not called.
+// seconds, and next is not called.
 //
 // A request that the FailClosed policy rejects while Redis is unreachable
 // is an outage, not a rate limit: it gets 503 Service Unavailable with
@@ -202,9 +205,10 @@ type middleware struct {
 // is known of the quota until Redis answers again. A 429 with Retry-After:
 // 1 would have clients retry every second against the outage.
 //
-// If the limiter cannot decide (it is closed, limit is unknown, the cost is
-// below 1) the request gets 503 Service Unavailable (WithErrorHandler
-// changes the answer) and next is not called.
+// If the limiter cannot decide (it is closed, the limit was removed, the
+// cost is below 1) the request gets 503 Service Unavailable; a cost above
+// the burst gets 500 (see WithCost). WithErrorHandler changes the answers;
+// next is not called.
 //
 // A limit in shadow mode (Limit.Shadow) admits every request and writes no
 // header: clients must not slow down for a limit that is only watched.
@@ -266,7 +270,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	var d Decision
 	err = m.l.decide(r.Context(), ls, key, n, &d)
-	if err != nil && !errors.Is(err, ErrExceedsBurst) {
+	if err != nil {
 		m.fail(w, r, err)
 		return
 	}
@@ -292,8 +296,12 @@ func denyTooManyRequests(w http.ResponseWriter, _ *http.Request, _ Decision) {
 }
 
 func failUnavailable(w http.ResponseWriter, _ *http.Request, err error) {
-	if errors.Is(err, ErrEmptyKey) {
+	switch {
+	case errors.Is(err, ErrEmptyKey):
 		http.Error(w, "rate limit key missing", http.StatusBadRequest)
+		return
+	case errors.Is(err, ErrExceedsBurst):
+		http.Error(w, "request costs more than the rate limit can ever admit", http.StatusInternalServerError)
 		return
 	}
 	http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)

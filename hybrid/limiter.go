@@ -119,6 +119,8 @@ type limitState struct {
 	// failCause is why a key's ask or take last failed, for the log line
 	// of the first failing key.
 	failCause atomic.Pointer[error]
+	// exceedsLogged is set once a request above the burst was logged.
+	exceedsLogged atomic.Bool
 
 	// Owned by the lease loop goroutine, and by Close once it has stopped.
 	pol     *placement.Policy // nil unless applied.Mode is Hybrid
@@ -362,7 +364,7 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 	if n < 1 {
 		return fmt.Errorf("%w: got %d", ErrInvalidN, n)
 	}
-	if n > ls.Burst {
+	if n > ls.Burst || (ls.Mode == Local && n > 1 && n > ls.loc.Default().Burst) {
 		var err error
 		*d, err = l.exceedsBurst(ls, n)
 		return err
@@ -400,24 +402,19 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int,
 	ls.keys.AllowNTallyInto(now, key, n, local.TallyAssigned, &r)
 	if r.Mark != 0 {
 		var e Decision
-		if ls.degraded.Load() {
+		var err error
+		switch {
+		case ls.degraded.Load():
 			e = l.outage(ls, key, n, now)
-		} else {
-			var err error
-			if e, err = l.exact(ctx, ls, key, n, &r); err != nil {
-				return err
-			}
+		case r.Assigned:
+			e, err = l.beyondLease(ctx, ls, key, n, &r)
+		default:
+			e, err = l.exact(ctx, ls, key, n, &r)
 		}
 		*d = e
-		return nil
+		return err
 	}
 	allowed, wait := r.Allowed, r.RetryAfter
-	if wait == Never {
-		// n is within the limit's burst (decide checked) but above the
-		// lease's part of it, which a renewal may grow: look again after
-		// one rather than never.
-		wait = l.cfg.ContendedTTL / placement.RenewDivisor
-	}
 	shadow := !allowed && ls.Shadow
 	if shadow {
 		allowed, wait = true, 0 // as shadowed makes it
@@ -427,8 +424,10 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int,
 }
 
 // exceedsBurst is the decision on n tokens under ls when n exceeds the
-// limit's burst: a denial that waiting can never turn, with
-// ErrExceedsBurst unless the limit is in shadow mode.
+// limit's burst, or in Local mode this instance's share of it: a denial
+// that waiting can never turn, with ErrExceedsBurst unless the limit is in
+// shadow mode. It is a mistake in the costs, not a rate limit: counted
+// under its own outcome, and logged the first time for each limit.
 func (l *Limiter) exceedsBurst(ls *limitEntry, n int) (Decision, error) {
 	d := Decision{RetryAfter: Never, Source: SourceLocal}
 	switch ls.Mode {
@@ -438,12 +437,21 @@ func (l *Limiter) exceedsBurst(ls *limitEntry, n int) (Decision, error) {
 		d.Source = SourceLease
 	}
 	if ls.count {
-		ls.m.decisions.count(d.Source, false)
+		ls.m.decisions.exceeds(d.Source)
+	}
+	err := fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, ls.Name, n, ls.Burst)
+	if n <= ls.Burst {
+		err = fmt.Errorf("%w: limit %q: n %d > this instance's share of the burst (%d of %d): Local mode splits the burst over the instances",
+			ErrExceedsBurst, ls.Name, n, ls.loc.Default().Burst, ls.Burst)
+	}
+	if ls.exceedsLogged.CompareAndSwap(false, true) {
+		l.log.Error("hybridlimit: a request costs more than the limit can ever admit: check the costs (logged once per limit)",
+			"limit", ls.Name, "error", err)
 	}
 	if ls.Shadow {
 		return shadowed(d), nil
 	}
-	return d, fmt.Errorf("%w: limit %q: n %d > burst %d", ErrExceedsBurst, ls.Name, n, ls.Burst)
+	return d, err
 }
 
 // outage is the decision on n tokens of key under ls at now by its outage
@@ -519,6 +527,39 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	}
 	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
 	if d.RetryAfter == Never {
+		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
+	}
+	return ls.finish(d), nil
+}
+
+// beyondLease decides n tokens of key, which its lease here can never
+// hold (n is above the lease's part of the burst, but within the burst),
+// with one take from the key's pool in Redis, where the cluster's bucket
+// may hold them. The take carries the generation of the lease's record
+// (the one before its mark), so that Redis keeps the lease and counts it.
+func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+	t, err := l.store.TakePool(cctx, global.PoolTake{
+		Limit: ls.Name, Key: key, Instance: l.members.Name(), Gen: placement.PrevGen(r.Mark),
+		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1), N: n,
+		TTL: l.cfg.UncontendedTTL, Asked: r.Attempted,
+	})
+	cancel()
+	ls.sent(1)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
+		}
+		ls.m.redisErrors.Inc()
+		if !global.IsReplyError(err) {
+			l.exactFailed.Store(true) // the loop checks Redis
+		}
+		return ls.finish(Decision{RetryAfter: l.cfg.ContendedTTL / placement.RenewDivisor, Source: SourceGlobal}), nil
+	}
+	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
+	if d.RetryAfter == Never {
+		// The pool is too small now; the leases' renewals may give it
+		// back its part of the burst.
 		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
 	return ls.finish(d), nil

@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: &decisionsCollector{
 			desc: prometheus.NewDesc("hybridlimit_decisions_total",
-				"Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.",
+				"Decisions made, by limit, outcome (allowed, denied, or exceeds_burst: a cost that can never be admitted) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.",
 				[]string{"limit", "outcome", "source"}, nil),
 			limits: make(map[string]*decisionCounts),
 		},
@@ -162,12 +162,16 @@ type decisionCounts struct {
 	// are those on a lease (source lease), Counts.Default the others
 	// (source local).
 	loc, keys *local.Limiter
-	// out counts the decisions loc does not, by [source][allowed].
-	out [numSources][2]atomic.Uint64
+	// out counts the decisions loc does not, by [source][outcome]:
+	// denied, allowed, exceeds_burst.
+	out [numSources][3]atomic.Uint64
 }
 
 // count counts one decision of source src that loc did not count.
 func (c *decisionCounts) count(src Source, allowed bool) { c.out[src][b2i(allowed)].Add(1) }
+
+// exceeds counts one request of source src above the burst.
+func (c *decisionCounts) exceeds(src Source) { c.out[src][2].Add(1) }
 
 // add starts the counts of the named limit, whose in-process decisions loc
 // counts, replacing any of that name.
@@ -201,9 +205,11 @@ func (dc *decisionsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	dc.mu.Unlock()
 	for _, c := range limits {
-		var v [numSources][2]uint64
+		var v [numSources][3]uint64
 		for s := range v {
-			v[s][0], v[s][1] = c.out[s][0].Load(), c.out[s][1].Load()
+			for o := range v[s] {
+				v[s][o] = c.out[s][o].Load()
+			}
 		}
 		for _, loc := range [2]*local.Limiter{c.loc, c.keys} {
 			in := loc.Counts()
@@ -213,8 +219,8 @@ func (dc *decisionsCollector) Collect(ch chan<- prometheus.Metric) {
 			v[SourceLease][1] += in.AssignedAllowed
 		}
 		for s := SourceLease; int(s) < numSources; s++ {
-			for allowed, outcome := range [2]string{"denied", "allowed"} {
-				ch <- prometheus.MustNewConstMetric(dc.desc, prometheus.CounterValue, float64(v[s][allowed]), c.name, outcome, s.String())
+			for o, outcome := range [3]string{"denied", "allowed", "exceeds_burst"} {
+				ch <- prometheus.MustNewConstMetric(dc.desc, prometheus.CounterValue, float64(v[s][o]), c.name, outcome, s.String())
 			}
 		}
 	}

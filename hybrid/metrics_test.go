@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -50,10 +51,14 @@ func TestMetricsNeverCarryAKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A cost above the burst is counted apart: a mistake, not a denial.
+	if _, err := l.AllowN(ctx, "api", "secret-user-key", 3); !errors.Is(err, hybrid.ErrExceedsBurst) {
+		t.Fatalf("AllowN(3) of burst 2: %v, want ErrExceedsBurst", err)
+	}
 	checkMetricNames(t, reg)
 	// Every (outcome, source) pair exists from the start, at zero.
 	want := `
-# HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed or denied) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.
+# HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed, denied, or exceeds_burst: a cost that can never be admitted) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.
 # TYPE hybridlimit_decisions_total counter
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_closed"} 0
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_open"} 0
@@ -65,6 +70,11 @@ hybridlimit_decisions_total{limit="api",outcome="denied",source="fail_open"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="global"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="lease"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="local"} 1
+hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="fail_closed"} 0
+hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="fail_open"} 0
+hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="global"} 0
+hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="lease"} 0
+hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="local"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "hybridlimit_decisions_total"); err != nil {
 		t.Error(err)

@@ -121,7 +121,9 @@ type Result struct {
 	// Flagged reports the key's flag, see SetFlag.
 	Flagged bool
 	// Mark is the key's mark, see SetMark. A marked key is not decided
-	// here: Allowed is false and the caller decides.
+	// here: Allowed is false and the caller decides. So is a request on a
+	// key with a lease (Lease, with a mark) whose burst can never hold
+	// it: Assigned is then true too, and the lease goes on.
 	Mark uint8
 	// Hold, for a marked key, is how long the caller asked (SetHold) that
 	// its requests be denied without asking again; 0 when it did not or
@@ -370,11 +372,17 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 		return
 	}
 	ok, tokens := e.b.allowN(now, n)
-	if !ok && e.assigned && e.b.limit == 0 && e.mark != 0 {
-		// A lease of rate 0 (credit, see Lease) that cannot admit this
-		// ends here: the caller decides it.
-		l.expire(e, now)
-		*r = l.marked(e, now)
+	if !ok && e.assigned && e.mark != 0 && (e.b.limit == 0 || n > e.b.burst) {
+		if e.b.limit == 0 {
+			// A lease of rate 0 (credit, see Lease) that cannot admit
+			// this ends here: the caller decides it.
+			l.expire(e, now)
+			*r = l.marked(e, now)
+		} else {
+			// A lease whose burst can never hold n goes on, and the
+			// caller decides this one elsewhere (Assigned and Mark set).
+			*r = Result{Assigned: true, Mark: e.mark, Flagged: e.flagged, Attempted: e.attempted}
+		}
 		sh.mu.Unlock()
 		return
 	}

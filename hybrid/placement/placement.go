@@ -238,6 +238,15 @@ func NextGen(g uint8) uint8 {
 	return g
 }
 
+// PrevGen returns the generation before g, the inverse of NextGen.
+func PrevGen(g uint8) uint8 {
+	g--
+	if g == 0 {
+		g = 255
+	}
+	return g
+}
+
 // FirstGen is the generation, and so the mark, of a key's first decisions.
 const FirstGen uint8 = 1
 

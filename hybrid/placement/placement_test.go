@@ -450,6 +450,9 @@ func TestNextGen(t *testing.T) {
 		if got := NextGen(tc.g); got != tc.want {
 			t.Errorf("NextGen(%d) = %d, want %d", tc.g, got, tc.want)
 		}
+		if got := PrevGen(tc.want); got != tc.g {
+			t.Errorf("PrevGen(%d) = %d, want %d", tc.want, got, tc.g)
+		}
 	}
 }
 

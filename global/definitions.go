@@ -17,9 +17,9 @@ var (
 )
 
 // DefinitionsKey returns the Redis key of the hash in which the instances
-// say what they run limit at: "<prefix>:v3:defs:{<limit>}".
+// say what they run limit at: "<prefix>:defs:{<limit>}".
 func (s *Store) DefinitionsKey(limit string) string {
-	return s.prefix + ":v3:defs:{" + limit + "}"
+	return s.prefix + ":defs:{" + limit + "}"
 }
 
 // Definitions records def as what instance runs limit at (its rate, burst

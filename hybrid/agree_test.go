@@ -18,6 +18,8 @@ import (
 // other in hybridlimit_limit_disagreeing_instances, and says so again when
 // they agree once more. A limit change is compared at once.
 func TestInstancesThatDisagreeAreTold(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	srv := redistest.Start(t)
 	lim := hybrid.Limit{Name: "api", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 	var logs [2]records
@@ -46,7 +48,14 @@ func TestInstancesThatDisagreeAreTold(t *testing.T) {
 	if err := inst[1].SetLimits([]hybrid.Limit{l1}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "b sees a at another rate", func() bool { return disagreeing(1) == 1 })
+	// Each SetLimits makes the instance compare at its next tick: b's,
+	// repeated, sees a's definition once a has written it.
+	eventually(t, 5*time.Second, "b sees a at another rate", func() bool {
+		if err := inst[1].SetLimits([]hybrid.Limit{l1}); err != nil {
+			t.Fatal(err)
+		}
+		return disagreeing(1) == 1
+	})
 	warned := logs[1].logged("instances run a limit at different definitions")
 	if len(warned) != 1 || warned[0]["definition"] != "rate=200 burst=10 mode=hybrid" ||
 		!strings.Contains(warned[0]["others"], "a: rate=100 burst=10 mode=hybrid") {

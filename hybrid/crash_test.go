@@ -23,6 +23,8 @@ import (
 // record holds, and nobody without one. Their grants never sum above the
 // rate.
 func TestInstanceCrash(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst = 300.0, 30
 	limits := []hybrid.Limit{
 		{Name: "local-limit", Rate: rate, Burst: burst, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},

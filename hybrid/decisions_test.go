@@ -24,9 +24,12 @@ type tally struct {
 	n  map[series]float64 // guarded by mu
 }
 
-func (ta *tally) add(limit string, d hybrid.Decision) {
+func (ta *tally) add(limit string, d hybrid.Decision, err error) {
 	outcome := "allowed"
-	if !d.Allowed {
+	switch {
+	case errors.Is(err, hybrid.ErrExceedsBurst):
+		outcome = "exceeds_burst"
+	case !d.Allowed:
 		outcome = "denied"
 	}
 	ta.mu.Lock()
@@ -119,7 +122,7 @@ func TestDecisionsCountedExactly(t *testing.T) {
 							t.Error(err)
 							return
 						}
-						want.add(lim, d)
+						want.add(lim, d, err)
 					}
 				}
 			})
@@ -260,7 +263,7 @@ func TestDecisionsCountedAcrossModeChanges(t *testing.T) {
 		if err != nil || !d.Allowed || d.Source != src {
 			t.Errorf("%s: %+v, %v; want allowed by %v", step, d, err, src)
 		}
-		ta.add("x", d)
+		ta.add("x", d, err)
 	}
 	decide("first decision", "old", hybrid.SourceGlobal)
 	lim.Mode = hybrid.Local

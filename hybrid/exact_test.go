@@ -24,6 +24,8 @@ import (
 // decision that waited would take at least a second: far from one that did
 // not, however busy the machine is.
 func TestExactWaitsOnlyWhileRedisMayAnswer(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	srv := redistest.Start(t)
 	proxy := faultproxy.Start(t, srv.Addr)
 	const redisTimeout = time.Second

@@ -92,6 +92,8 @@ const faultLease = time.Second
 // up, and once the fault clears the leases are back within two renewal
 // rounds.
 func TestNetworkFaults(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	for _, f := range netFaults {
 		t.Run(f.name, func(t *testing.T) { testFault(t, f) })
 	}
@@ -102,6 +104,8 @@ func TestNetworkFaults(t *testing.T) {
 // SCRIPT FLUSH are not, and must leave every decision on its lease while
 // Redis holds every lease again within one lease lifetime.
 func TestServerFaults(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	for _, f := range serverFaults {
 		t.Run(f.name, func(t *testing.T) { testFault(t, f) })
 	}
@@ -245,7 +249,7 @@ func testFault(t *testing.T, f fault) {
 		}
 		// Every key has renewed since the fault, so Redis holds a lease
 		// hash for each (limit, key) again, even after a FLUSHALL.
-		held, err := srv.Client(t).Keys(context.Background(), "hybridlimit:*").Result()
+		held, err := srv.Client(t).Keys(context.Background(), "hybridlimit:v3:*").Result()
 		if err != nil {
 			t.Fatal(err)
 		}

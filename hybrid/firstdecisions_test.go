@@ -237,6 +237,8 @@ func TestExactDemandIsCounted(t *testing.T) {
 // demand shows in Redis, and the peer's next renewal leaves it its fair
 // share. No message passes between them.
 func TestExactUserGetsItsFairShare(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	lim := hybrid.Limit{Name: "api", Rate: 10, Burst: 4, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}

@@ -251,6 +251,8 @@ func staticCluster(t *testing.T, srv *redistest.Server, n int, connect bool, tun
 // holds only what a's lease leaves, and its demand (once no longer young)
 // cuts a's grant at a's next renewal, not before.
 func TestGapReturningIdleKeys(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 2000.0, 100, 2
 	srv := redistest.Start(t)
 	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
@@ -315,6 +317,8 @@ func TestGapReturningIdleKeys(t *testing.T) {
 // checks that, and that the local quota (LocalShare, what FailLocal runs)
 // stays a quarter, N-hat being the largest count of PeakWindow.
 func TestGapGossipPartition(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 400.0, 40, 4
 	srv := redistest.Start(t)
 	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
@@ -356,6 +360,8 @@ func TestGapGossipPartition(t *testing.T) {
 // the bound: in version 3 Redis decides every Hybrid key, whatever the
 // count.
 func TestGapMaxInstancesBelowTheCount(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 300.0, 30, 3
 	srv := redistest.Start(t)
 	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
@@ -414,6 +420,8 @@ func TestGapMaxInstancesBelowTheCount(t *testing.T) {
 // Redis thinks free, while a still runs its grant until its next renewal,
 // up to a second later.
 func TestGapFlushAll(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 1000.0, 100, 2
 	srv := redistest.Start(t)
 	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
@@ -455,6 +463,8 @@ func TestGapFlushAll(t *testing.T) {
 // degraded limit follows OnOutage. Both limits hold by that one rule, and
 // Redis counts b at its lease and the pool at what the leases leave.
 func TestGapSlowPipelines(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 1000.0, 60, 2
 	srv := redistest.Start(t)
 	toA := faultproxy.Start(t, srv.Addr)
@@ -504,6 +514,8 @@ func TestGapSlowPipelines(t *testing.T) {
 // so a lost one never lets Redis count b at a smaller grant while it runs
 // the larger.
 func TestGapLostFirstAnswers(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 1000.0, 40, 2
 	srv := redistest.Start(t)
 	toB := faultproxy.Start(t, srv.Addr)
@@ -547,6 +559,8 @@ func TestGapLostFirstAnswers(t *testing.T) {
 // over the second half of the run (a floor against regressions, see below;
 // version 1 gave it well under half).
 func TestGapYieldsAtWork(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 400.0, 40, 4
 	srv := redistest.Start(t)
 	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}

@@ -79,6 +79,8 @@ func TestMiddleware(t *testing.T) {
 // TestMiddlewareAdvertisesDegradedQuota: while Redis is down, a FailLocal
 // limit advertises this instance's local quota, rate/N.
 func TestMiddlewareAdvertisesDegradedQuota(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	srv := redistest.Start(t)
 	l := newLimiter(t, hybrid.Config{Redis: srv.Client(t), Members: membership.NewStatic("a", 4), Limits: []hybrid.Limit{
 		{Name: "api", Rate: 100, Burst: 40, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},

@@ -26,6 +26,8 @@ import (
 // they admitted about two thirds of it); and no window goes above
 // rate·w + burst.
 func TestGracefulLeaveRaisesShares(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst, n = 300.0, 30, 3
 	srv := redistest.Start(t)
 	lim := hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}

@@ -152,6 +152,8 @@ func TestCloseLeavesNothing(t *testing.T) {
 // the first tick that finds it so; IdleAfter, shorter here, evicts a key
 // only once no grant is in force on it.
 func TestIdleKeysAreEvictedAndReleased(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const (
 		instance, limit = "instance-a", "api"
 		idle            = 300 * time.Millisecond
@@ -317,6 +319,8 @@ func TestReleasedShareGoesToOthers(t *testing.T) {
 // that it never runs a grant Redis has let go. Made worth a lease again,
 // it asks anew.
 func TestIdleLeasesStopRenewing(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	// Leases last 3 s and idle keys stop renewing after 1.5 s: a field

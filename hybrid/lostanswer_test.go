@@ -21,6 +21,8 @@ import (
 // may still be running, or b is granted the difference early and the two
 // admit more than the rate. Measured while a decides on its lease.
 func TestLostAnswersKeepTheBound(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const (
 		rate, burst = 1000.0, 20
 		instances   = 2

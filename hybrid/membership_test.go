@@ -193,6 +193,8 @@ func (in *soloLimiter) degrade(t *testing.T) {
 // largest count seen within Config.PeakWindow, so that a partition or a
 // crash seen just before or during the outage cannot inflate the share.
 func TestFailLocalUsesLargestRecentN(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const (
 		limitRate  = 400.0
 		limitBurst = 40

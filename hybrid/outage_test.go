@@ -157,6 +157,8 @@ func (h *hammer) sourcesAre(want map[string]hybrid.Source) bool {
 // chose once its leases run out, no decision waits on the network, FailLocal
 // admits at most rate/N per instance, and leases resume once Redis is back.
 func TestOutagePolicies(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	for _, fault := range []string{"kill", "pause"} {
 		t.Run(fault, func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -251,6 +253,8 @@ func TestOutagePolicies(t *testing.T) {
 // leases so that this is over well before its last 3 s (with the default
 // 5 s it would last past the end of the run).
 func TestFlushMidRun(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	for _, fault := range []string{"flushall", "script flush"} {
 		t.Run(fault, func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -387,6 +391,8 @@ func TestRestartWithKeysGone(t *testing.T) {
 // that one's next renewal, which frees that much for the pool and then for
 // its lease. The bound holds meanwhile.
 func TestExactUserLeavesForALeaseWhileLost(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	srv := redistest.Start(t)
 	const (
 		rate, burst = 100.0, 20

@@ -91,6 +91,8 @@ func driveEach(inst []*hybrid.Limiter, limit string, keys []string, perInstance 
 // cluster admits no more than the limit. Had the instances used the count
 // they see, each would admit rate/2 and the cluster twice the limit.
 func TestPartitionFailLocalUsesLargestRecentN(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const (
 		limitRate  = 400.0
 		limitBurst = 40

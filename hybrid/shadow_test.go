@@ -38,9 +38,9 @@ func TestShadowMode(t *testing.T) {
 			if d, err := l.AllowN(ctx, "new-limit", "k", 3); err != nil || !d.Allowed || !d.Shadowed {
 				t.Errorf("AllowN(3) over burst 2: %+v, %v; want a shadowed admission and no error", d, err)
 			}
-			allowed, denied := outcomes(t, reg, "new-limit")
-			if allowed != 2 || denied != 3 {
-				t.Errorf("metrics count %v allowed and %v denied, want the real outcomes 2 and 3", allowed, denied)
+			allowed, denied, exceeds := outcomes(t, reg, "new-limit")
+			if allowed != 2 || denied != 2 || exceeds != 1 {
+				t.Errorf("metrics count %v allowed, %v denied and %v above the burst, want the real outcomes 2, 2 and 1", allowed, denied, exceeds)
 			}
 
 			lim.Shadow = false
@@ -55,7 +55,7 @@ func TestShadowMode(t *testing.T) {
 }
 
 // outcomes sums the decisions counted for limit by outcome.
-func outcomes(t *testing.T, reg *prometheus.Registry, limit string) (allowed, denied float64) {
+func outcomes(t *testing.T, reg *prometheus.Registry, limit string) (allowed, denied, exceeds float64) {
 	t.Helper()
 	for _, m := range metricsNamed(t, reg, "hybridlimit_decisions_total") {
 		var isLimit bool
@@ -76,9 +76,11 @@ func outcomes(t *testing.T, reg *prometheus.Registry, limit string) (allowed, de
 			allowed += m.GetCounter().GetValue()
 		case "denied":
 			denied += m.GetCounter().GetValue()
+		case "exceeds_burst":
+			exceeds += m.GetCounter().GetValue()
 		}
 	}
-	return allowed, denied
+	return allowed, denied, exceeds
 }
 
 // TestMiddlewareShadowWritesNoHeaders: behind a Middleware, a limit in

@@ -21,6 +21,8 @@ import (
 // holds less than its fair share: about 7 of them would pass before a's
 // next renewal here.
 func TestShrinkIsToldAtOnce(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const (
 		rate, burst = 1000.0, 20
 		instances   = 2

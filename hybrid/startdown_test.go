@@ -22,6 +22,8 @@ import (
 // and once Redis is up the limits recover without any decision to tell
 // them: a Global limit through its probe, a Hybrid-only configuration too.
 func TestDegradedFromNew(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	const rate, burst = 100, 10
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -96,6 +98,8 @@ func TestDegradedFromNew(t *testing.T) {
 // returns the caller's context error). At New, with nothing listening, and
 // in the loop, after Redis was killed.
 func TestOutageLogNamesTheCause(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	limits := []hybrid.Limit{{Name: "h", Rate: 100, Burst: 10, Mode: hybrid.Hybrid, OnOutage: hybrid.FailOpen}}
 	check := func(t *testing.T, logs *records) {
 		t.Helper()

@@ -242,6 +242,8 @@ func (o *offer) admittedOver(d time.Duration) (int64, time.Duration) {
 // the grants in Redis follow within a renewal or so, and the cluster
 // admits at the new rate.
 func TestSetLimitsLeasesFollowTheRate(t *testing.T) {
+	// Mostly waits (lease lifetimes, faults): runs beside the others like it.
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	api := hybrid.Limit{Name: "api", Rate: 200, Burst: 20, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}

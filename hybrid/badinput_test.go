@@ -110,7 +110,7 @@ func TestRedisErrorsAreDecisions(t *testing.T) {
 		eventually(t, 5*time.Second, "the Hybrid key at a WRONGTYPE value is denied, the good one leases", func() bool {
 			bad := warmKey(t, l, "h", "bad", 10)
 			good := warmKey(t, l, "h", "good", 10)
-			return !bad.Allowed && bad.Source == hybrid.SourceGlobal && good.Source == hybrid.SourceLease
+			return !bad.Allowed && bad.Source == hybrid.SourceExact && good.Source == hybrid.SourceLease
 		})
 		if st, _ := l.Status("h"); st.Degraded {
 			t.Errorf("status %+v: want the limit normal", st)
@@ -145,7 +145,7 @@ func TestRedisErrorsAreDecisions(t *testing.T) {
 		// its decisions are denials, which keep the bound; only a degraded
 		// limit follows FailOpen, and the limit does not degrade.
 		for range 20 {
-			if d := warmKey(t, l, "h", "k", 10); d.Allowed || d.Source != hybrid.SourceGlobal {
+			if d := warmKey(t, l, "h", "k", 10); d.Allowed || d.Source != hybrid.SourceExact {
 				t.Fatalf("Hybrid without scripting: %+v; want a denial in Redis", d)
 			}
 		}
@@ -219,7 +219,7 @@ func TestACLUser(t *testing.T) {
 	// A key's first decision is an exact one, against its pool, which
 	// hands a token of credit with it (the pool is full): the second is
 	// admitted from that, the third exactly again.
-	for i, want := range []hybrid.Source{hybrid.SourceGlobal, hybrid.SourceLease, hybrid.SourceGlobal} {
+	for i, want := range []hybrid.Source{hybrid.SourceExact, hybrid.SourceLease, hybrid.SourceExact} {
 		if d, err := l.Allow(ctx, "h", "k"); err != nil || d.Source != want || !d.Allowed {
 			t.Fatalf("decision %d as a restricted ACL user: %+v, %v; want admitted by %v", i, d, err, want)
 		}

@@ -218,7 +218,7 @@ func TestRedisClusterMasterDown(t *testing.T) {
 			for _, k := range ks {
 				w := hybrid.SourceLease
 				if owner[lk{name, k}] == down {
-					w = hybrid.SourceGlobal
+					w = hybrid.SourceExact
 				}
 				if latest[lk{name, k}] != w {
 					return false

@@ -104,9 +104,14 @@ const (
 	// SourceLocal: the local quota, rate/N (Local mode, or the FailLocal
 	// policy).
 	SourceLocal
-	// SourceGlobal: Redis, one script for the decision: the token bucket
-	// of a Global limit, or the pool of a Hybrid key decided exactly.
+	// SourceGlobal: the token bucket of a Global limit in Redis, one
+	// script for the decision.
 	SourceGlobal
+	// SourceExact: the pool in Redis of a Hybrid key decided exactly (its
+	// first decisions here, thin keys, keys sprayed near their limit, a
+	// cost its lease cannot hold), one script for the decision, or a
+	// denial held in process until the turn Redis gave.
+	SourceExact
 	// SourceFailOpen: the FailOpen policy, Redis being unreachable.
 	SourceFailOpen
 	// SourceFailClosed: the FailClosed policy, Redis being unreachable.
@@ -116,7 +121,7 @@ const (
 const numSources = int(SourceFailClosed) + 1
 
 // String returns the source's name, as the metrics' source label has it:
-// lease, local, global, fail_open or fail_closed.
+// lease, local, global, exact, fail_open or fail_closed.
 func (s Source) String() string {
 	switch s {
 	case SourceLease:
@@ -125,6 +130,8 @@ func (s Source) String() string {
 		return "local"
 	case SourceGlobal:
 		return "global"
+	case SourceExact:
+		return "exact"
 	case SourceFailOpen:
 		return "fail_open"
 	case SourceFailClosed:

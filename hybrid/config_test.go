@@ -133,7 +133,7 @@ func TestModesAgree(t *testing.T) {
 			}})
 			ctx := context.Background()
 			// A Hybrid key's first decisions are exact ones, in Redis.
-			want := map[hybrid.Mode]hybrid.Source{hybrid.Local: hybrid.SourceLocal, hybrid.Global: hybrid.SourceGlobal, hybrid.Hybrid: hybrid.SourceGlobal}[mode]
+			want := map[hybrid.Mode]hybrid.Source{hybrid.Local: hybrid.SourceLocal, hybrid.Global: hybrid.SourceGlobal, hybrid.Hybrid: hybrid.SourceExact}[mode]
 			for i, step := range []struct {
 				n       int
 				allowed bool

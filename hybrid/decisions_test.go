@@ -207,7 +207,7 @@ func TestDecisionsCountedExactly(t *testing.T) {
 	prefix = "fresh" // keys without a lease: h's policy decides them
 	decide(100, nil)
 	check("outage")
-	for _, s := range []series{{"h", "allowed", "fail_open"}, {"g", "allowed", "local"}, {"x", "denied", "fail_closed"}, {"x", "allowed", "global"}, {"h", "denied", "lease"}} {
+	for _, s := range []series{{"h", "allowed", "fail_open"}, {"g", "allowed", "local"}, {"x", "denied", "fail_closed"}, {"x", "allowed", "exact"}, {"h", "denied", "lease"}} {
 		if want.n[s] == 0 {
 			t.Errorf("no decision of %v: the test did not cover it", s)
 		}
@@ -265,7 +265,7 @@ func TestDecisionsCountedAcrossModeChanges(t *testing.T) {
 		}
 		ta.add("x", d, err)
 	}
-	decide("first decision", "old", hybrid.SourceGlobal)
+	decide("first decision", "old", hybrid.SourceExact)
 	lim.Mode = hybrid.Local
 	if err := l.SetLimits([]hybrid.Limit{lim}); err != nil {
 		t.Fatal(err)
@@ -277,7 +277,7 @@ func TestDecisionsCountedAcrossModeChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := srv.Client(t).HLen(ctx, "hybridlimit:v3:{x:new}").Val()
-	decide("a key the Local limit decided, Hybrid again", "new", hybrid.SourceGlobal)
+	decide("a key the Local limit decided, Hybrid again", "new", hybrid.SourceExact)
 	if after := srv.Client(t).HLen(ctx, "hybridlimit:v3:{x:new}").Val(); before != 0 || after == 0 {
 		t.Errorf("records of the key in Redis: %d before its exact decision, %d after; want 0, then some", before, after)
 	}

@@ -52,7 +52,7 @@ func TestExactWaitsOnlyWhileRedisMayAnswer(t *testing.T) {
 		return d, took
 	}
 	for _, p := range policies {
-		if d, _ := timed(p.String(), "was-exact"); !d.Allowed || d.Source != hybrid.SourceGlobal {
+		if d, _ := timed(p.String(), "was-exact"); !d.Allowed || d.Source != hybrid.SourceExact {
 			t.Fatalf("%v: first decision of a key: %+v, want an exact admission", p, d)
 		}
 		// The pool is full: the take handed a token of credit, which the
@@ -71,7 +71,7 @@ func TestExactWaitsOnlyWhileRedisMayAnswer(t *testing.T) {
 	if took < redisTimeout/2 || took > redisTimeout+redisTimeout/2 {
 		t.Errorf("an exact decision with Redis unreachable took %v; want it bounded by RedisTimeout (%v)", took, redisTimeout)
 	}
-	if d.Allowed || d.Source != hybrid.SourceGlobal {
+	if d.Allowed || d.Source != hybrid.SourceExact {
 		t.Errorf("an exact decision that Redis did not answer: %+v; want a denial", d)
 	}
 	if d, took := timed(hybrid.FailOpen.String(), "was-exact"); took >= redisTimeout/2 || d.Allowed {
@@ -134,7 +134,7 @@ func TestExactCommandBound(t *testing.T) {
 			lastExactAdmitted = false
 			continue
 		}
-		if d.Source != hybrid.SourceGlobal {
+		if d.Source != hybrid.SourceExact {
 			t.Fatalf("decision %d: %+v, want it in the exact placement", decided, d)
 		}
 		decided++
@@ -243,7 +243,7 @@ func TestExactSprayedCostsAboutOneScriptPerAdmission(t *testing.T) {
 	ref := exact(rate, burst, o.arrivals["k"], 0)
 	t.Logf("%d decisions, %d admitted (exact bucket %d), %d scripts: %.2f per admission, sources %v",
 		o.decided, admitted, ref, sent, float64(sent)/float64(admitted), o.sources)
-	if o.sources[hybrid.SourceGlobal] < o.decided*9/10 {
+	if o.sources[hybrid.SourceExact] < o.decided*9/10 {
 		t.Fatalf("sources %v: want the key decided in the exact placement", o.sources)
 	}
 	if float64(sent) > 1.5*float64(admitted) {

@@ -87,7 +87,7 @@ func TestExactDenialIsCached(t *testing.T) {
 		}
 		return st.RedisCommands
 	}
-	if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed || d.Source != hybrid.SourceGlobal {
+	if d, err := l.Allow(ctx, "api", "k"); err != nil || !d.Allowed || d.Source != hybrid.SourceExact {
 		t.Fatalf("first exact decision: %+v, %v", d, err)
 	}
 	d, err := l.Allow(ctx, "api", "k")
@@ -98,7 +98,7 @@ func TestExactDenialIsCached(t *testing.T) {
 	before := commands()
 	n := 0
 	for time.Now().Add(50 * time.Millisecond).Before(until) {
-		if d, err := l.Allow(ctx, "api", "k"); err != nil || d.Allowed || d.Source != hybrid.SourceGlobal {
+		if d, err := l.Allow(ctx, "api", "k"); err != nil || d.Allowed || d.Source != hybrid.SourceExact {
 			t.Fatalf("decision %d within the hold: %+v, %v; want an exact denial", n, d, err)
 		}
 		n++
@@ -108,7 +108,7 @@ func TestExactDenialIsCached(t *testing.T) {
 	}
 	eventually(t, time.Second, "an exact admission once the hold has ended", func() bool {
 		d, err := l.Allow(ctx, "api", "k")
-		return err == nil && d.Allowed && d.Source == hybrid.SourceGlobal
+		return err == nil && d.Allowed && d.Source == hybrid.SourceExact
 	})
 }
 
@@ -145,7 +145,7 @@ func TestExactDenialWithoutRateIsCached(t *testing.T) {
 	before := commands()
 	start := time.Now()
 	d, err := inst[1].Allow(ctx, "api", "k")
-	if err != nil || d.Allowed || d.Source != hybrid.SourceGlobal || d.RetryAfter != contendedTTL/2 {
+	if err != nil || d.Allowed || d.Source != hybrid.SourceExact || d.RetryAfter != contendedTTL/2 {
 		t.Fatalf("instance 1's first decision: %+v, %v; want an exact denial, retry after %v", d, err, contendedTTL/2)
 	}
 	if got := commands() - before; got != 1 {
@@ -156,7 +156,7 @@ func TestExactDenialWithoutRateIsCached(t *testing.T) {
 	// stay exact and held.
 	n := 0
 	for time.Since(start) < contendedTTL/2-200*time.Millisecond {
-		if d, err := inst[1].Allow(ctx, "api", "k"); err != nil || d.Allowed || d.Source != hybrid.SourceGlobal {
+		if d, err := inst[1].Allow(ctx, "api", "k"); err != nil || d.Allowed || d.Source != hybrid.SourceExact {
 			t.Fatalf("decision %d within the hold: %+v, %v; want an exact denial", n, d, err)
 		}
 		n++

@@ -291,7 +291,7 @@ func warmKey(t *testing.T, l *hybrid.Limiter, limit, key string, burst int) hybr
 			t.Fatalf("Allow(%q): %v", limit, err)
 		}
 	}
-	if d.Source == hybrid.SourceLease && prev.Source == hybrid.SourceGlobal {
+	if d.Source == hybrid.SourceLease && prev.Source == hybrid.SourceExact {
 		// A lease decision right after an exact one may be the exact
 		// take's credit (a lease of rate 0 with one token), not a lease
 		// of the key's own: two lease decisions in a row are.

@@ -493,7 +493,7 @@ func (ls *limitEntry) shade(d Decision) Decision {
 // which Redis measures the key's demand here by.
 func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
 	if r.Hold > 0 {
-		return ls.finish(Decision{RetryAfter: r.Hold, Source: SourceGlobal}), nil
+		return ls.finish(Decision{RetryAfter: r.Hold, Source: SourceExact}), nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	t, err := l.store.TakePool(cctx, global.PoolTake{
@@ -525,7 +525,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if hold := l.holdFor(&t); hold > 0 {
 		ls.keys.SetHold(key, r.Mark, now.Add(hold))
 	}
-	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
+	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceExact}
 	if d.RetryAfter == Never {
 		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
@@ -554,9 +554,9 @@ func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n
 		if !global.IsReplyError(err) {
 			l.exactFailed.Store(true) // the loop checks Redis
 		}
-		return ls.finish(Decision{RetryAfter: l.cfg.ContendedTTL / placement.RenewDivisor, Source: SourceGlobal}), nil
+		return ls.finish(Decision{RetryAfter: l.cfg.ContendedTTL / placement.RenewDivisor, Source: SourceExact}), nil
 	}
-	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}
+	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceExact}
 	if d.RetryAfter == Never {
 		// The pool is too small now; the leases' renewals may give it
 		// back its part of the burst.
@@ -574,7 +574,7 @@ func (l *Limiter) takeFailed(ls *limitEntry, key string, mark uint8, now time.Ti
 		// It is denied, which keeps the bound, and so are the key's
 		// next ones for a tick.
 		ls.keys.SetHold(key, mark, now.Add(l.cfg.Tick))
-		return Decision{RetryAfter: l.cfg.Tick, Source: SourceGlobal}
+		return Decision{RetryAfter: l.cfg.Tick, Source: SourceExact}
 	}
 	// Redis, or the Cluster node of this key, may be gone. The loop
 	// checks at its next tick, which degrades every limit if Redis
@@ -590,7 +590,7 @@ func (l *Limiter) takeFailed(ls *limitEntry, key string, mark uint8, now time.Ti
 	ls.keys.SetHold(key, mark, now.Add(wait))
 	err = redact(err, key)
 	ls.failCause.Store(&err)
-	return Decision{RetryAfter: wait, Source: SourceGlobal}
+	return Decision{RetryAfter: wait, Source: SourceExact}
 }
 
 // An allowed exact decision asks for creditTokens more, ahead of the key's

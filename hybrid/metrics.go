@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: &decisionsCollector{
 			desc: prometheus.NewDesc("hybridlimit_decisions_total",
-				"Decisions made, by limit, outcome (allowed, denied, or exceeds_burst: a cost that can never be admitted) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.",
+				"Decisions made, by limit, outcome (allowed, denied, or exceeds_burst: a cost that can never be admitted) and source (lease, local, global, exact, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.",
 				[]string{"limit", "outcome", "source"}, nil),
 			limits: make(map[string]*decisionCounts),
 		},

@@ -58,18 +58,21 @@ func TestMetricsNeverCarryAKey(t *testing.T) {
 	checkMetricNames(t, reg)
 	// Every (outcome, source) pair exists from the start, at zero.
 	want := `
-# HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed, denied, or exceeds_burst: a cost that can never be admitted) and source (lease, local, global, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.
+# HELP hybridlimit_decisions_total Decisions made, by limit, outcome (allowed, denied, or exceeds_burst: a cost that can never be admitted) and source (lease, local, global, exact, fail_open, fail_closed). A limit in shadow mode counts the outcome it decided, though it admits every request.
 # TYPE hybridlimit_decisions_total counter
+hybridlimit_decisions_total{limit="api",outcome="allowed",source="exact"} 0
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_closed"} 0
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="fail_open"} 0
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="global"} 0
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="lease"} 0
 hybridlimit_decisions_total{limit="api",outcome="allowed",source="local"} 2
+hybridlimit_decisions_total{limit="api",outcome="denied",source="exact"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="fail_closed"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="fail_open"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="global"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="lease"} 0
 hybridlimit_decisions_total{limit="api",outcome="denied",source="local"} 1
+hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="exact"} 0
 hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="fail_closed"} 0
 hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="fail_open"} 0
 hybridlimit_decisions_total{limit="api",outcome="exceeds_burst",source="global"} 0

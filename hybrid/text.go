@@ -63,7 +63,7 @@ func (p *Policy) UnmarshalText(text []byte) error {
 
 // MarshalText implements encoding.TextMarshaler. It returns the name String
 // gives, the one the metrics use as their source label: lease, local,
-// global, fail_open or fail_closed. The zero Source, that of a Decision
+// global, exact, fail_open or fail_closed. The zero Source, that of a Decision
 // returned with an error, marshals to the empty text; a value out of range
 // is an error wrapping ErrInvalidValue.
 func (s Source) MarshalText() ([]byte, error) {
@@ -71,7 +71,7 @@ func (s Source) MarshalText() ([]byte, error) {
 }
 
 // UnmarshalText implements encoding.TextUnmarshaler. It accepts the names
-// MarshalText writes (lease, local, global, fail_open or fail_closed) in any
+// MarshalText writes (lease, local, global, exact, fail_open or fail_closed) in any
 // ASCII case, with '-' and '_' read alike, and the empty text as the zero
 // Source; it does not trim spaces. For any
 // other text it returns an error wrapping ErrInvalidValue that lists the

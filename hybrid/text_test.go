@@ -126,7 +126,7 @@ func TestPolicyText(t *testing.T) {
 func TestSourceText(t *testing.T) {
 	cases := []textCase[hybrid.Source]{
 		{"lease", hybrid.SourceLease}, {"local", hybrid.SourceLocal}, {"global", hybrid.SourceGlobal},
-		{"fail_open", hybrid.SourceFailOpen}, {"fail_closed", hybrid.SourceFailClosed},
+		{"exact", hybrid.SourceExact}, {"fail_open", hybrid.SourceFailOpen}, {"fail_closed", hybrid.SourceFailClosed},
 		{"fail-open", hybrid.SourceFailOpen}, {"FAIL-CLOSED", hybrid.SourceFailClosed}, {"Lease", hybrid.SourceLease},
 		{"hybrid", 0}, {"fail-local", 0}, {"leases", 0},
 	}
@@ -134,7 +134,7 @@ func TestSourceText(t *testing.T) {
 		cases = append(cases, textCase[hybrid.Source]{s, 0})
 	}
 	checkText(t, "Source", []hybrid.Source{hybrid.SourceLease, hybrid.SourceLocal, hybrid.SourceGlobal,
-		hybrid.SourceFailOpen, hybrid.SourceFailClosed}, "lease, local, global, fail_open or fail_closed", cases)
+		hybrid.SourceExact, hybrid.SourceFailOpen, hybrid.SourceFailClosed}, "lease, local, global, exact, fail_open or fail_closed", cases)
 }
 
 func TestMarshalTextOutOfRangeError(t *testing.T) {
@@ -144,7 +144,7 @@ func TestMarshalTextOutOfRangeError(t *testing.T) {
 	}{
 		{hybrid.Mode(4), "hybrid: invalid value: Mode(4) is out of range and has no name: a mode is local, global or hybrid"},
 		{hybrid.Policy(7), "hybrid: invalid value: Policy(7) is out of range and has no name: a policy is fail-local, fail-open or fail-closed"},
-		{hybrid.Source(-1), "hybrid: invalid value: Source(-1) is out of range and has no name: a source is lease, local, global, fail_open or fail_closed"},
+		{hybrid.Source(-1), "hybrid: invalid value: Source(-1) is out of range and has no name: a source is lease, local, global, exact, fail_open or fail_closed"},
 	} {
 		if _, err := tc.v.MarshalText(); err == nil || err.Error() != tc.want {
 			t.Errorf("%v.MarshalText(): error %v; want %q", tc.v, err, tc.want)

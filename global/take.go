@@ -119,9 +119,9 @@ func (r *PoolTake) validate() error {
 // caller may ask again once the leases have shrunk.
 //
 // Callers the pool cannot serve at once are given turns: a denial's
-// RetryAfter, and an admission's Turn when it left the pool less than one
-// token, is one take's refill after the turn handed out before it, from
-// when the tokens would first be there (at the pool's rate, or for an
+// Turn, and an admission's when it left the pool less than one token, is
+// one take's refill after the turn handed out before it, from when the
+// tokens would first be there (a denial's RetryAfter: at the pool's rate, or for an
 // exact caller at up to its demand, at most Rate/Instances: the leases
 // leave the pool that much from their next renewals), at most
 // Instances−1 refills later and fewer than the pool's burst holds. A
@@ -180,7 +180,7 @@ func parsePoolTake(v any) (Take, error) {
 	turn, err3 := strconv.ParseInt(f[5], 10, 64)
 	credit, err4 := strconv.Atoi(f[6])
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || !finite(rate) || !finite(burst) ||
-		turn < 0 || (turn > 0 && !t.Allowed) || credit < 0 || (credit > 0 && !t.Allowed) {
+		turn < 0 || credit < 0 || (credit > 0 && !t.Allowed) {
 		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
 	t.PoolRate, t.PoolBurst, t.Turn, t.Credit = rate, burst, time.Duration(turn)*time.Microsecond, credit

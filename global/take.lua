@@ -34,9 +34,10 @@
 -- credit}
 -- as strings, because Redis truncates Lua numbers to integers. retry_us is
 -- "-1" when the tokens can never be there at the pool's rate and burst as
--- they are. A denial's retry_us, and an admission's turn_us when it left
--- the pool less than one token, is the caller's turn (see turn); turn_us
--- is "0" otherwise.
+-- they are; otherwise a denial's retry_us is when the pool would hold the
+-- tokens (at the refill rate below). A denial's turn_us, and an
+-- admission's when it left the pool less than one token, is the caller's
+-- turn (see turn), at or after that; turn_us is "0" otherwise.
 
 local key, inst = KEYS[1], ARGV[1]
 local gen = gen_of(ARGV[2])
@@ -145,7 +146,10 @@ if take <= tokens + eps then
 elseif take > pool_burst + eps or not (pool_rate > 0) then
   retry = -1
 else
-  retry = turn(math.ceil((take - tokens) * 1000000 / refill), take)
+  -- The caller is told when the pool would hold its tokens; it is held
+  -- until its turn, which may come later.
+  retry = math.ceil((take - tokens) * 1000000 / refill)
+  turn_us = turn(retry, take)
 end
 
 if mine ~= own then redis.call('HSET', key, self, encode(mine)) end

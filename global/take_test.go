@@ -43,9 +43,11 @@ func TestTakePoolFreshBurst(t *testing.T) {
 		t.Errorf("Turn %v after emptying the pool, want about 1s", tk.Turn)
 	}
 	tk = take("b", 1)
-	// The turn after a's, one refill later.
-	if tk.Allowed || tk.RetryAfter <= time.Second || tk.RetryAfter > 2*time.Second {
-		t.Errorf("the next take = %+v, want a denial until the turn after a's, about 2s", tk)
+	// Told when the pool would hold its token, a second; its turn is the
+	// one after a's, one refill later.
+	if tk.Allowed || tk.RetryAfter < 990*time.Millisecond || tk.RetryAfter > time.Second ||
+		tk.Turn <= time.Second || tk.Turn > 2*time.Second {
+		t.Errorf("the next take = %+v, want a denial told about 1s, its turn about 2s", tk)
 	}
 	if tk := take("c", 0); !tk.Allowed {
 		t.Errorf("a take of 0 = %+v, want it allowed", tk)
@@ -223,12 +225,13 @@ func TestTakePoolTurns(t *testing.T) {
 			t.Fatalf("%s: %+v, turn %d for %s: want a denial and the turn a refill after %d", inst, tk, at, by, last)
 		}
 		last = at
-		when[inst] = time.Now().Add(tk.RetryAfter)
+		when[inst] = time.Now().Add(tk.Turn)
 	}
 	for range 3 * n {
 		// a's turn, then b's, c's and d's: e's is at most N-hat refills
-		// after the tokens would be there.
-		if tk := take("e", 1); tk.Allowed || tk.RetryAfter > time.Duration(n+1)*time.Duration(stepUS)*time.Microsecond {
+		// after the tokens would be there, which is what it is told.
+		if tk := take("e", 1); tk.Allowed || tk.Turn > time.Duration(n+1)*time.Duration(stepUS)*time.Microsecond ||
+			tk.RetryAfter > time.Duration(stepUS)*time.Microsecond {
 			t.Fatalf("e: %+v: want a denial within %d refills", tk, n+1)
 		}
 	}

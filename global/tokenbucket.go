@@ -21,18 +21,19 @@ type Take struct {
 	// TakePool, the pool) after the call.
 	Remaining int64
 	// RetryAfter is 0 when Allowed; otherwise the time until n tokens will be
-	// in the bucket if nobody else takes any (for TakePool, the caller's
-	// turn, see TakePool). It is Never when n tokens can never be there: n
-	// exceeds the burst (for TakePool, the pool's burst as it is now, or
-	// the pool's rate is 0).
+	// in the bucket if nobody else takes any (for TakePool, in the pool, at
+	// the rate the leases leave it from their next renewals). It is Never
+	// when n tokens can never be there: n exceeds the burst (for TakePool,
+	// the pool's burst as it is now, or the pool's rate is 0).
 	RetryAfter time.Duration
 	// PoolRate and PoolBurst are, for TakePool, the rate in tokens per
 	// second and the capacity in tokens of the key's pool as this call
 	// computed them; zero for TakeN.
 	PoolRate, PoolBurst float64
-	// Turn is, for an admission by TakePool that left the pool less than
-	// one token, how long until this caller's turn to take again (see
-	// TakePool); zero otherwise, and always for TakeN.
+	// Turn is, for a denial by TakePool, and for an admission that left
+	// the pool less than one token, how long until this caller's turn to
+	// take again (see TakePool), at least RetryAfter; zero otherwise, and
+	// always for TakeN.
 	Turn time.Duration
 	// Credit is, for an admission by TakePool, the tokens taken beyond N
 	// ahead of the caller's next requests (PoolTake.Extra); zero

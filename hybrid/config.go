@@ -149,7 +149,13 @@ type Decision struct {
 	// them.
 	Remaining int64
 	// RetryAfter is how long to wait before the same request could be
-	// admitted; 0 when Allowed, Never when it never can.
+	// admitted; 0 when Allowed, Never when it never can. An exact denial
+	// says when the key's pool in Redis would hold the tokens; the
+	// instances that ask for the same tokens are then given turns, and an
+	// instance whose turn is later tells its next requests when it comes
+	// (at most N-hat-1 refills later): it does not ask Redis before. A
+	// lease's denial says when the lease would hold them; a Local limit's,
+	// when this instance's quota would.
 	RetryAfter time.Duration
 	// Source says what decided.
 	Source Source

@@ -612,7 +612,9 @@ const (
 func (l *Limiter) holdFor(t *global.Take) time.Duration {
 	switch {
 	case !t.Allowed && t.RetryAfter > 0 && t.RetryAfter != Never:
-		return t.RetryAfter
+		// Until the turn Redis gave, which the caller is not told: it
+		// is told when the pool would hold its tokens.
+		return max(t.Turn, t.RetryAfter)
 	case !t.Allowed && t.RetryAfter == Never && !(t.PoolRate > 0):
 		// The leases hold the whole rate, and the pool gets some back
 		// only as they renew, release or end. Until the earliest a

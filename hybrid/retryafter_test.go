@@ -1,0 +1,47 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/hybrid"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// A denial's RetryAfter is never more than the time until the cluster's
+// bucket would hold the request's tokens, plus a tick, at slow rates too
+// (per minute, per hour): after a client's burst of 5 spent over three
+// instances, the first denial on each instance says one token's refill,
+// not the turn among the instances that Redis gives the later ones. (An
+// instance that holds a later turn says so to its next requests: it will
+// not ask Redis before then; see Decision.RetryAfter.)
+func TestRetryAfterAtSlowRates(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	tick := hybrid.DefaultConfig(nil, nil).Tick
+	for _, mode := range []hybrid.Mode{hybrid.Global, hybrid.Hybrid} {
+		for _, rate := range []float64{hybrid.PerMinute(5), hybrid.PerHour(5)} {
+			refill := time.Duration(float64(time.Second) / rate)
+			t.Run(fmt.Sprintf("%v/every %v", mode, refill), func(t *testing.T) {
+				srv.FlushAll(t)
+				inst := cluster(t, srv, 3, nil, hybrid.Limit{Name: "login", Rate: rate, Burst: 5, Mode: mode, OnOutage: hybrid.FailClosed})
+				for i := range 5 {
+					if d, err := inst[i%3].Allow(ctx, "login", "alice"); err != nil || !d.Allowed {
+						t.Fatalf("request %d of the burst: %+v, %v", i, d, err)
+					}
+				}
+				for i := range 3 {
+					d, err := inst[i%3].Allow(ctx, "login", "alice")
+					if err != nil || d.Allowed {
+						t.Fatalf("request %d after the burst: %+v, %v; want a denial", i, d, err)
+					}
+					if d.RetryAfter <= 0 || d.RetryAfter > refill+tick {
+						t.Errorf("request %d after the burst, instance %d: RetryAfter %v, want at most one refill (%v) and a tick", i, i%3, d.RetryAfter, refill)
+					}
+				}
+			})
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -242,17 +243,30 @@ func (s *Store) Check(ctx context.Context) error {
 	return nil
 }
 
+// defaultPingBudget bounds each master's PING when Ping's ctx has no
+// deadline.
+const defaultPingBudget = time.Second
+
 // Ping reports whether Redis answers: nil when it does. On a Cluster it
 // pings every master at once and any answer will do, so that one master
 // down is not taken for Redis gone; elsewhere it sends one PING through a
 // pipeline (the part of a client Rediser covers).
 func (s *Store) Ping(ctx context.Context) error {
 	if c, ok := s.rdb.(masters); ok {
+		// ForEachMaster first reloads the Cluster's slots from a node it
+		// picks, which may be the dead one: that can use up ctx's time
+		// before any master is pinged. Each PING gets the whole budget.
+		budget := defaultPingBudget
+		if dl, ok := ctx.Deadline(); ok {
+			budget = time.Until(dl)
+		}
 		var mu sync.Mutex
 		var last error
 		answered := false
 		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			err := m.Ping(ctx).Err()
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
+			defer cancel()
+			err := m.Ping(pctx).Err()
 			mu.Lock()
 			defer mu.Unlock()
 			if err == nil {

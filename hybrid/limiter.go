@@ -493,6 +493,10 @@ func (ls *limitEntry) shade(d Decision) Decision {
 // which Redis measures the key's demand here by.
 func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
 	if r.Hold > 0 {
+		if r.Flagged {
+			// The key's takes fail: an outage, until it tries again.
+			return ls.finish(Decision{RetryAfter: r.Hold, Source: SourceFailClosed}), nil
+		}
 		return ls.finish(Decision{RetryAfter: r.Hold, Source: SourceExact}), nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
@@ -511,7 +515,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		if ctx.Err() != nil {
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
-		return ls.finish(l.takeFailed(ls, key, r.Mark, now, err)), nil
+		return l.takeFailed(ls, key, r.Mark, now, err), nil
 	}
 	if r.Flagged {
 		ls.keys.SetFlag(key, false)
@@ -551,10 +555,12 @@ func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
 		ls.m.redisErrors.Inc()
+		d := Decision{RetryAfter: l.cfg.ContendedTTL / placement.RenewDivisor, Source: SourceExact}
 		if !global.IsReplyError(err) {
 			l.exactFailed.Store(true) // the loop checks Redis
+			d.Source = SourceFailClosed // an outage, as takeFailed says
 		}
-		return ls.finish(Decision{RetryAfter: l.cfg.ContendedTTL / placement.RenewDivisor, Source: SourceExact}), nil
+		return ls.finish(d), nil
 	}
 	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceExact}
 	if d.RetryAfter == Never {
@@ -566,7 +572,7 @@ func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n
 }
 
 // takeFailed is the decision on an exact take of key, under mark, that
-// failed at now with err: a denial, held in process for a while.
+// failed at now with err, counted.
 func (l *Limiter) takeFailed(ls *limitEntry, key string, mark uint8, now time.Time, err error) Decision {
 	ls.m.redisErrors.Inc()
 	if global.IsReplyError(err) {
@@ -574,23 +580,25 @@ func (l *Limiter) takeFailed(ls *limitEntry, key string, mark uint8, now time.Ti
 		// It is denied, which keeps the bound, and so are the key's
 		// next ones for a tick.
 		ls.keys.SetHold(key, mark, now.Add(l.cfg.Tick))
-		return Decision{RetryAfter: l.cfg.Tick, Source: SourceExact}
+		return ls.finish(Decision{RetryAfter: l.cfg.Tick, Source: SourceExact})
 	}
-	// Redis, or the Cluster node of this key, may be gone. The loop
-	// checks at its next tick, which degrades every limit if Redis
-	// is: a limit whose keys are all exact has no renewal to tell
-	// it. Until the limit degrades, the key's decisions are denials,
-	// which keep the bound (Redis may answer the other instances);
-	// they try Redis again only a renewal period later, so that they
-	// do not all wait on a node that is down. The key is flagged
-	// failing until a request succeeds.
+	// Redis, or the Cluster node of this key, is unreachable for this
+	// key. The loop checks Redis at its next tick, which degrades every
+	// limit if Redis is gone (a limit whose keys are all exact has no
+	// renewal to tell it), and the policies decide from then on. Until
+	// then the key is refused as an outage (SourceFailClosed: the
+	// middleware answers 503, not 429), whatever its policy: Redis may
+	// still answer the other instances, and what this one admitted on
+	// its own would come on top of what Redis hands them. The key is
+	// flagged failing and tries Redis again only a renewal period later,
+	// so that its decisions do not all wait on a node that is down.
 	l.exactFailed.Store(true)
 	wait := l.cfg.ContendedTTL / placement.RenewDivisor
 	ls.keys.SetFlag(key, true)
 	ls.keys.SetHold(key, mark, now.Add(wait))
 	err = redact(err, key)
 	ls.failCause.Store(&err)
-	return Decision{RetryAfter: wait, Source: SourceExact}
+	return ls.finish(Decision{RetryAfter: wait, Source: SourceFailClosed})
 }
 
 // An allowed exact decision asks for creditTokens more, ahead of the key's

@@ -428,7 +428,7 @@ func (l *Limiter) countFailing(ls *limitEntry, n int) {
 		if c := ls.failCause.Load(); c != nil {
 			cause = *c
 		}
-		l.log.Warn("hybridlimit: Redis requests failing for some keys while Redis answers; their decisions are denials once their leases run out, until a request succeeds or the limit degrades",
+		l.log.Warn("hybridlimit: Redis requests failing for some keys while Redis answers; they follow the outage policy once their leases run out, until a request succeeds",
 			"limit", ls.Name, "policy", ls.OnOutage.String(), "keys", n, "error", cause)
 	case was > 0 && n == 0:
 		l.log.Info("hybridlimit: Redis requests succeed again for every key", "limit", ls.Name)

@@ -145,8 +145,15 @@ func (s Source) String() string {
 type Decision struct {
 	// Allowed reports whether the request is admitted.
 	Allowed bool
-	// Remaining is the number of whole tokens left as this instance sees
-	// them.
+	// Remaining is the number of whole tokens the client has left, as
+	// this instance knows them: in a Global limit's bucket, or a Hybrid
+	// key's pool in Redis (with the tokens taken ahead for the key's next
+	// requests here) when decided exactly, what the limit as a whole would
+	// admit now, less what other instances hold of it (leases, tokens taken
+	// ahead for their next requests); on a
+	// lease, what the lease here holds; in Local mode, this instance's
+	// quota. The last two are lower bounds for a client whose requests
+	// stay on this instance.
 	Remaining int64
 	// RetryAfter is how long to wait before the same request could be
 	// admitted; 0 when Allowed, Never when it never can. An exact denial

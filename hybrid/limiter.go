@@ -529,7 +529,9 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if hold := l.holdFor(&t); hold > 0 {
 		ls.keys.SetHold(key, r.Mark, now.Add(hold))
 	}
-	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceExact}
+	// What the client has left: the pool's tokens and the credit taken
+	// for its next requests here.
+	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining + int64(t.Credit), RetryAfter: t.RetryAfter, Source: SourceExact}
 	if d.RetryAfter == Never {
 		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}

@@ -45,3 +45,30 @@ func TestRetryAfterAtSlowRates(t *testing.T) {
 		}
 	}
 }
+
+// RateLimit's r (Decision.Remaining) on a fresh key's first request is
+// what the limit as a whole has left, on any instance: burst 20, three
+// instances, 19 after the first request, in Global mode and on a Hybrid
+// key's exact decisions (whose credit for the next request here is the
+// client's too); after a second request on another instance, 18, less in
+// Hybrid the credit the first instance holds (never more than is left).
+func TestRemainingIsTheClusters(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, mode := range []hybrid.Mode{hybrid.Global, hybrid.Hybrid} {
+		t.Run(mode.String(), func(t *testing.T) {
+			srv.FlushAll(t)
+			inst := cluster(t, srv, 3, nil, hybrid.Limit{Name: "api", Rate: hybrid.PerHour(1), Burst: 20, Mode: mode, OnOutage: hybrid.FailClosed})
+			for i, want := range []int64{19, 18} {
+				least := want
+				if mode == hybrid.Hybrid && i > 0 {
+					least-- // instance 0's credit, unknown here
+				}
+				d, err := inst[i].Allow(ctx, "api", "fresh")
+				if err != nil || !d.Allowed || d.Remaining > want || d.Remaining < least {
+					t.Errorf("request %d on instance %d: %+v, %v; want admitted with %d left (at least %d)", i, i, d, err, want, least)
+				}
+			}
+		})
+	}
+}

@@ -559,7 +559,7 @@ func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n
 		ls.m.redisErrors.Inc()
 		d := Decision{RetryAfter: l.cfg.ContendedTTL / placement.RenewDivisor, Source: SourceExact}
 		if !global.IsReplyError(err) {
-			l.exactFailed.Store(true) // the loop checks Redis
+			l.exactFailed.Store(true)   // the loop checks Redis
 			d.Source = SourceFailClosed // an outage, as takeFailed says
 		}
 		return ls.finish(d), nil

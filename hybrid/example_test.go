@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -731,4 +732,37 @@ func ExampleLimit_shadow() {
 	// allowed true, would have been denied false
 	// allowed true, would have been denied false
 	// allowed true, would have been denied true
+}
+
+func ExampleAdmit() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "login", Rate: hybrid.PerMinute(5), Burst: 2, Mode: hybrid.Local, OnOutage: hybrid.FailClosed},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+
+	// The key is in the body: the handler limits by hand, and answers as
+	// the middleware would.
+	login := func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ User string }
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		if !hybrid.Admit(w, r, l, "login", body.User) {
+			return // 429 with Retry-After, or 503 while Redis is down
+		}
+		fmt.Fprintln(w, "welcome", body.User)
+	}
+	for range 3 {
+		rec := httptest.NewRecorder()
+		login(rec, httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(`{"User":"ann"}`)))
+		fmt.Printf("%d Retry-After: %q\n", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	// Output:
+	// 200 Retry-After: ""
+	// 200 Retry-After: ""
+	// 429 Retry-After: "12"
 }

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -224,6 +225,30 @@ func Middleware(l *Limiter, limit string, key func(*http.Request) string, opts .
 	if _, err := l.Quota(limit); err != nil {
 		panic("hybrid.Middleware: " + err.Error())
 	}
+	m := newMiddleware(l, limit, key, opts)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if m.admit(w, r) {
+				next.ServeHTTP(w, r)
+			}
+		})
+	}
+}
+
+// Admit decides r, whose key is key, under limit, and answers it the way
+// Middleware does, for a handler that limits by hand (a key read from the
+// request's body, say): it writes the RateLimit headers and, when the
+// request is not admitted, the whole answer (429 with Retry-After, 503 for
+// an outage, the error handler's), and reports whether the handler should
+// go on. opts are Middleware's. Unlike Middleware, it does not panic on a
+// limit the Limiter does not have: that request gets 503, as after
+// SetLimits removed the limit.
+func Admit(w http.ResponseWriter, r *http.Request, l *Limiter, limit, key string, opts ...MiddlewareOption) bool {
+	return newMiddleware(l, limit, func(*http.Request) string { return key }, opts).admit(w, r)
+}
+
+// newMiddleware is the configuration of a Middleware or an Admit.
+func newMiddleware(l *Limiter, limit string, key func(*http.Request) string, opts []MiddlewareOption) *middleware {
 	m := &middleware{l: l, limit: limit, key: key, outageRetryAfter: DefaultOutageRetryAfter}
 	for _, o := range opts {
 		o(m)
@@ -234,27 +259,23 @@ func Middleware(l *Limiter, limit string, key func(*http.Request) string, opts .
 	if m.fail == nil {
 		m.fail = failUnavailable
 	}
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			m.serve(w, r, next)
-		})
-	}
+	return m
 }
 
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+// admit decides r and answers it unless it is admitted (or skipped): it
+// reports whether the handler should go on.
+func (m *middleware) admit(w http.ResponseWriter, r *http.Request) bool {
 	if m.skip != nil && m.skip(r) {
-		next.ServeHTTP(w, r)
-		return
+		return true
 	}
 	key := m.key(r)
 	if key == "" {
 		switch m.emptyKey {
 		case EmptyKeySkip:
-			next.ServeHTTP(w, r)
-			return
+			return true
 		case EmptyKeyReject:
 			m.fail(w, r, fmt.Errorf("%w: limit %q", ErrEmptyKey, m.limit))
-			return
+			return false
 		}
 	}
 	n := 1
@@ -266,13 +287,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ls, err := m.l.entry(m.limit)
 	if err != nil {
 		m.fail(w, r, err)
-		return
+		return false
 	}
 	var d Decision
 	err = m.l.decide(r.Context(), ls, key, n, &d)
 	if err != nil {
 		m.fail(w, r, err)
-		return
+		return false
 	}
 	q := ls.quota()
 	if !q.Shadow {
@@ -280,7 +301,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	switch {
 	case d.Allowed:
-		next.ServeHTTP(w, r)
+		return true
 	case d.Source == SourceFailClosed:
 		if m.outageRetryAfter > 0 {
 			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(m.outageRetryAfter, 1), 10))
@@ -289,6 +310,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	default:
 		m.deny(w, r, d)
 	}
+	return false
 }
 
 func denyTooManyRequests(w http.ResponseWriter, _ *http.Request, _ Decision) {
@@ -451,4 +473,24 @@ func ceilSeconds(d time.Duration, fallback int64) int64 {
 		return fallback
 	}
 	return max(1, int64(math.Ceil(d.Seconds())))
+}
+
+// StatusHandler returns an http.Handler that serves the Status of every
+// limit of l, in the order of Limits, as a JSON array (Content-Type
+// application/json): for an operator's status page or a health check. Mount
+// it where only operators reach it; it says nothing about any key.
+func StatusHandler(l *Limiter) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		limits := l.Limits()
+		out := make([]Status, 0, len(limits))
+		for _, lim := range limits {
+			if st, err := l.Status(lim.Name); err == nil { // removed since Limits
+				out = append(out, st)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if err := json.NewEncoder(w).Encode(out); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
 }

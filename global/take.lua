@@ -109,7 +109,8 @@ if not keep then refill = math.max(pool_rate, math.min(rate / n, demand)) end
 -- caches that until its turn, so that a key sprayed over the instances
 -- costs about one script per admission, not one per instance. Only the
 -- hint moves: the tokens go to whoever asks first. Turns reach at most
--- n - 1 refills past wait (one per instance), and fewer than the pool's
+-- n - 1 refills past wait (one per instance; also a turn kept from before
+-- the rate changed), and fewer than the pool's
 -- burst holds, so that the pool cannot fill up and lose tokens while
 -- every caller waits. Only the latest turn is kept ("q"): the caller that
 -- holds it keeps it if it asks again before it; any other caller is
@@ -119,7 +120,7 @@ local function turn(wait, size)
   local ahead = math.max(0, math.min(math.floor(n) - 1, math.floor(pool_burst / size + eps) - 1))
   local at = now + wait
   if h.q_at ~= nil and h.q_by == inst then
-    at = math.max(at, h.q_at)
+    at = math.min(math.max(at, h.q_at), at + ahead * step)
   elseif h.q_at ~= nil then
     at = math.min(math.max(at, h.q_at + step), at + ahead * step)
   end

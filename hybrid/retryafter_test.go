@@ -72,3 +72,28 @@ func TestRemainingIsTheClusters(t *testing.T) {
 		})
 	}
 }
+
+// A denial held in process under a limit ends when SetLimits changes the
+// limit: the key's next decision asks Redis under the new one at once, and
+// Redis does not hold it to a turn it gave under the old rate.
+func TestSetLimitsDropsHeldDenials(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	lim := hybrid.Limit{Name: "login", Rate: hybrid.PerHour(1), Burst: 1, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed}
+	l := cluster(t, srv, 1, nil, lim)[0]
+	if d, err := l.Allow(ctx, "login", "ann"); err != nil || !d.Allowed {
+		t.Fatalf("first request: %+v, %v", d, err)
+	}
+	if d, err := l.Allow(ctx, "login", "ann"); err != nil || d.Allowed || d.RetryAfter < time.Minute {
+		t.Fatalf("second request: %+v, %v; want a denial for about an hour", d, err)
+	}
+	// At 1000/s, Redis has a token for it within a millisecond.
+	lim.Rate = 1000
+	if err := l.SetLimits([]hybrid.Limit{lim}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Second, "admitted under the new rate", func() bool {
+		d, err := l.Allow(ctx, "login", "ann")
+		return err == nil && d.Allowed
+	})
+}

@@ -735,7 +735,8 @@ func (l *Limiter) setPlace(t time.Time, pl Place) {
 // (replacing a share given to SetDefault), and every key that runs at the
 // default share moves to it at once, keeping the tokens it has (up to the
 // new burst). Keys with an assigned share keep it until it ends: the caller
-// assigns shares of the new limit. SetLimit returns an error wrapping
+// assigns shares of the new limit. Holds (SetHold) end: they were denials
+// under the old limit. SetLimit returns an error wrapping
 // ErrInvalid, and changes nothing, if limit is not a positive finite rate
 // or burst is below 1.
 func (l *Limiter) SetLimit(t time.Time, limit rate.Limit, burst int) error {
@@ -748,6 +749,18 @@ func (l *Limiter) SetLimit(t time.Time, limit rate.Limit, burst int) error {
 	p.limit, p.burst = limit, burst
 	p.def = p.place.share(limit, burst)
 	l.set(t, &p)
+	// A hold (SetHold) was a denial under the old limit: dropped, so that
+	// the key's next decision asks again.
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		sh.keys.each(func(e *entry) {
+			if e.mark != 0 && !e.assigned {
+				e.until = 0
+			}
+		})
+		sh.mu.Unlock()
+	}
 	return nil
 }
 

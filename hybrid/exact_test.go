@@ -64,15 +64,15 @@ func TestExactWaitsOnlyWhileRedisMayAnswer(t *testing.T) {
 
 	proxy.Blackhole(t)
 	// Before the limit degrades, an exact decision waits, but no longer
-	// than RedisTimeout; it is denied, not failed open (Redis may answer
-	// the other instances); so are the key's next decisions, without
-	// waiting, until a renewal period later.
+	// than RedisTimeout; it is refused as an outage, not failed open
+	// (Redis may answer the other instances); so are the key's next
+	// decisions, without waiting, until a renewal period later.
 	d, took := timed(hybrid.FailOpen.String(), "was-exact")
 	if took < redisTimeout/2 || took > redisTimeout+redisTimeout/2 {
 		t.Errorf("an exact decision with Redis unreachable took %v; want it bounded by RedisTimeout (%v)", took, redisTimeout)
 	}
-	if d.Allowed || d.Source != hybrid.SourceExact {
-		t.Errorf("an exact decision that Redis did not answer: %+v; want a denial", d)
+	if d.Allowed || d.Source != hybrid.SourceFailClosed {
+		t.Errorf("an exact decision that Redis did not answer: %+v; want it refused as an outage", d)
 	}
 	if d, took := timed(hybrid.FailOpen.String(), "was-exact"); took >= redisTimeout/2 || d.Allowed {
 		t.Errorf("the next decision of a key whose take failed: %+v after %v; want a denial at once", d, took)

@@ -178,9 +178,10 @@ func testFault(t *testing.T, f fault) {
 			if f.pingAnswers {
 				// Only the renewals fail: no limit degrades, the leases
 				// run out, and each key decides exactly while its takes
-				// get through, or by its policy while they fail.
+				// get through, and is refused as an outage while they
+				// fail.
 				for name, src := range degraded {
-					if s := h.latest(name).Source; s != src && s != hybrid.SourceExact {
+					if s := h.latest(name).Source; s != src && s != hybrid.SourceExact && s != hybrid.SourceFailClosed {
 						return false
 					}
 				}

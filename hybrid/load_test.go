@@ -24,8 +24,8 @@ func TestLoadManyKeys(t *testing.T) {
 		instances  = 4
 		goroutines = 64
 		numKeys    = 10_000
-		decisions  = 400_000
-		// Per key: about 40 decisions over a run of a few seconds, well
+		decisions  = 250_000
+		// Per key: about 25 decisions over a run of a few seconds, well
 		// above what the limit admits, so that the bound is what is tested
 		// (four instances each admitting the whole rate would break it).
 		rate  = 1.0

@@ -26,6 +26,15 @@ type metrics struct {
 	renewal        prometheus.Histogram
 }
 
+// byLimitCounter and byLimitGauge are metrics labelled by limit alone.
+func byLimitCounter(name, help string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"limit"})
+}
+
+func byLimitGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"limit"})
+}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: &decisionsCollector{
@@ -34,42 +43,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				[]string{"limit", "outcome", "source"}, nil),
 			limits: make(map[string]*decisionCounts),
 		},
-		redisCommands: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hybridlimit_redis_commands_total",
-			Help: "Redis commands sent, by limit.",
-		}, []string{"limit"}),
-		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hybridlimit_redis_errors_total",
-			Help: "Redis commands that failed, by limit.",
-		}, []string{"limit"}),
-		leasesGranted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hybridlimit_leases_granted_total",
-			Help: "Rate leases granted or renewed, by limit.",
-		}, []string{"limit"}),
-		leasesReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hybridlimit_leases_released_total",
-			Help: "Rate leases released (idle keys and Close), by limit.",
-		}, []string{"limit"}),
-		leasesExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hybridlimit_leases_expired_total",
-			Help: "Rate leases that ran out before they could be renewed, by limit.",
-		}, []string{"limit"}),
-		leasedRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "hybridlimit_leased_rate",
-			Help: "Sum of the rates (tokens per second) leased by this instance, by limit.",
-		}, []string{"limit"}),
-		contendedKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "hybridlimit_contended_keys",
-			Help: "Keys whose instances want more than the limit together, by limit.",
-		}, []string{"limit"}),
-		degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "hybridlimit_degraded",
-			Help: "1 while the limit runs on its outage policy because Redis is unreachable, 0 when normal.",
-		}, []string{"limit"}),
-		disagreeing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "hybridlimit_limit_disagreeing_instances",
-			Help: "Other live instances that run the limit at another rate, burst or mode, as last compared in Redis (every 5 s), by limit.",
-		}, []string{"limit"}),
+		redisCommands: byLimitCounter("hybridlimit_redis_commands_total",
+			"Redis commands sent, by limit."),
+		redisErrors: byLimitCounter("hybridlimit_redis_errors_total",
+			"Redis commands that failed, by limit."),
+		leasesGranted: byLimitCounter("hybridlimit_leases_granted_total",
+			"Rate leases granted or renewed, by limit."),
+		leasesReleased: byLimitCounter("hybridlimit_leases_released_total",
+			"Rate leases released (idle keys and Close), by limit."),
+		leasesExpired: byLimitCounter("hybridlimit_leases_expired_total",
+			"Rate leases that ran out before they could be renewed, by limit."),
+		leasedRate: byLimitGauge("hybridlimit_leased_rate",
+			"Sum of the rates (tokens per second) leased by this instance, by limit."),
+		contendedKeys: byLimitGauge("hybridlimit_contended_keys",
+			"Keys whose instances want more than the limit together, by limit."),
+		degraded: byLimitGauge("hybridlimit_degraded",
+			"1 while the limit runs on its outage policy because Redis is unreachable, 0 when normal."),
+		disagreeing: byLimitGauge("hybridlimit_limit_disagreeing_instances",
+			"Other live instances that run the limit at another rate, burst or mode, as last compared in Redis (every 5 s), by limit."),
 		peers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hybridlimit_peers",
 			Help: "Live instance count N, self included.",

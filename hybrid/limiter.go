@@ -415,6 +415,11 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int,
 		return err
 	}
 	allowed, wait := r.Allowed, r.RetryAfter
+	if wait == Never {
+		// A lease of no burst at all (a grant too small to hold a
+		// token): a renewal may grow it, so look again after one.
+		wait = l.cfg.ContendedTTL / placement.RenewDivisor
+	}
 	shadow := !allowed && ls.Shadow
 	if shadow {
 		allowed, wait = true, 0 // as shadowed makes it

@@ -372,7 +372,7 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 		return
 	}
 	ok, tokens := e.b.allowN(now, n)
-	if !ok && e.assigned && e.mark != 0 && (e.b.limit == 0 || n > e.b.burst) {
+	if !ok && e.assigned && e.mark != 0 && (e.b.limit == 0 || (e.b.burst >= 1 && n > e.b.burst)) {
 		if e.b.limit == 0 {
 			// A lease of rate 0 (credit, see Lease) that cannot admit
 			// this ends here: the caller decides it.
@@ -381,6 +381,8 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 		} else {
 			// A lease whose burst can never hold n goes on, and the
 			// caller decides this one elsewhere (Assigned and Mark set).
+			// One of burst 0 decides nothing here: its key's requests
+			// wait for the next grant, as before the lease.
 			*r = Result{Assigned: true, Mark: e.mark, Flagged: e.flagged, Attempted: e.attempted}
 		}
 		sh.mu.Unlock()

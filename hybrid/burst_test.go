@@ -105,6 +105,7 @@ func TestBurstSharesKeepTheBound(t *testing.T) {
 		{20, 10},
 	} {
 		t.Run(fmt.Sprint("burst=", tc.burst), func(t *testing.T) {
+			t.Parallel() // 400 arrivals a second each: light enough side by side
 			srv := redistest.Start(t)
 			lim := hybrid.Limit{Name: "api", Rate: tc.rate, Burst: tc.burst, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal}
 			inst := cluster(t, srv, instances, nil, lim)

@@ -372,19 +372,7 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 		return
 	}
 	ok, tokens := e.b.allowN(now, n)
-	if !ok && e.assigned && e.mark != 0 && (e.b.limit == 0 || (e.b.burst >= 1 && n > e.b.burst)) {
-		if e.b.limit == 0 {
-			// A lease of rate 0 (credit, see Lease) that cannot admit
-			// this ends here: the caller decides it.
-			l.expire(e, now)
-			*r = l.marked(e, now)
-		} else {
-			// A lease whose burst can never hold n goes on, and the
-			// caller decides this one elsewhere (Assigned and Mark set).
-			// One of burst 0 decides nothing here: its key's requests
-			// wait for the next grant, as before the lease.
-			*r = Result{Assigned: true, Mark: e.mark, Flagged: e.flagged, Attempted: e.attempted}
-		}
+	if !ok && e.assigned && e.mark != 0 && l.passOn(e, now, n, r) {
 		sh.mu.Unlock()
 		return
 	}
@@ -406,6 +394,25 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 	r.Allowed, r.Remaining, r.RetryAfter = ok, remaining, wait
 	r.Assigned, r.Flagged, r.Mark, r.Hold = e.assigned, e.flagged, 0, 0
 	sh.mu.Unlock()
+}
+
+// passOn reports whether the decision on n tokens of e, which runs a lease
+// with a mark and could not admit them, goes to the caller, and sets *r to
+// say so. A lease of rate 0 (credit, see Lease) ends here. A lease whose
+// burst can never hold n goes on (Assigned and Mark set); one of burst 0
+// decides nothing, its requests waiting for the next grant. Requires the
+// shard's mu held.
+func (l *Limiter) passOn(e *entry, now time.Duration, n int, r *Result) bool {
+	switch {
+	case e.b.limit == 0:
+		l.expire(e, now)
+		*r = l.marked(e, now)
+	case e.b.burst >= 1 && n > e.b.burst:
+		*r = Result{Assigned: true, Mark: e.mark, Flagged: e.flagged, Attempted: e.attempted}
+	default:
+		return false
+	}
+	return true
 }
 
 // marked is the result of a decision on the marked key e at offset now:
@@ -750,19 +757,7 @@ func (l *Limiter) SetLimit(t time.Time, limit rate.Limit, burst int) error {
 	p := *l.params.Load()
 	p.limit, p.burst = limit, burst
 	p.def = p.place.share(limit, burst)
-	l.set(t, &p)
-	// A hold (SetHold) was a denial under the old limit: dropped, so that
-	// the key's next decision asks again.
-	for i := range l.shards {
-		sh := &l.shards[i]
-		sh.mu.Lock()
-		sh.keys.each(func(e *entry) {
-			if e.mark != 0 && !e.assigned {
-				e.until = 0
-			}
-		})
-		sh.mu.Unlock()
-	}
+	l.setDropping(t, &p, true)
 	return nil
 }
 
@@ -782,10 +777,15 @@ func (l *Limiter) SetDefault(t time.Time, s Share) {
 
 // set puts p in force at t: every key at the default share moves to p's.
 // Requires l.setMu held.
-func (l *Limiter) set(t time.Time, p *params) {
+func (l *Limiter) set(t time.Time, p *params) { l.setDropping(t, p, false) }
+
+// setDropping is set, which also ends every hold (SetHold) if drop: the
+// holds were denials under the old limit, and the keys' next decisions ask
+// again. Requires l.setMu held.
+func (l *Limiter) setDropping(t time.Time, p *params, drop bool) {
 	old := l.params.Swap(p)
 	s := p.def
-	if old.def == s {
+	if old.def == s && !drop {
 		return
 	}
 	for i := range l.shards {
@@ -797,6 +797,9 @@ func (l *Limiter) set(t time.Time, p *params) {
 				e.setShare(sh.advance(e, t), e.capped(s))
 			case !e.assigned:
 				e.setShare(sh.advance(e, t), s)
+			}
+			if drop && e.mark != 0 && !e.assigned {
+				e.until = 0
 			}
 		})
 		sh.mu.Unlock()

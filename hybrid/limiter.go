@@ -334,7 +334,7 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (d Decis
 	if err != nil {
 		return Decision{}, err
 	}
-	err = l.decide(ctx, ls, heldKey(key), n, &d)
+	err = l.decide(ctx, ls, key, n, &d)
 	return d, err
 }
 
@@ -361,6 +361,7 @@ func (l *Limiter) entry(limit string) (*limitEntry, error) {
 // value from function to function, every copy of it cost a
 // store-forwarding stall, together about a fifth of the decision.
 func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int, d *Decision) error {
+	key = heldKey(key) // for AllowN, Wait, Middleware and Admit alike
 	if n < 1 {
 		return fmt.Errorf("%w: got %d", ErrInvalidN, n)
 	}
@@ -504,18 +505,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		}
 		return ls.finish(Decision{RetryAfter: r.Hold, Source: SourceExact}), nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
-	t, err := l.store.TakePool(cctx, global.PoolTake{
-		Limit: ls.Name, Key: key, Instance: l.members.Name(), Gen: r.Mark,
-		// N-hat, which the loop keeps in loc: an atomic load, where place
-		// takes a lock.
-		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1), N: n,
-		TTL: l.cfg.UncontendedTTL, Asked: r.Attempted, Extra: creditTokens,
-	})
-	cancel()
-	ls.sent(1)
-	// Holds count from the answer, which Redis's times count from.
-	now := time.Now()
+	t, now, err := l.take(ctx, ls, key, n, r.Mark, r.Attempted, creditTokens)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
@@ -534,13 +524,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if hold := l.holdFor(&t); hold > 0 {
 		ls.keys.SetHold(key, r.Mark, now.Add(hold))
 	}
-	// What the client has left: the pool's tokens and the credit taken
-	// for its next requests here.
-	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining + int64(t.Credit), RetryAfter: t.RetryAfter, Source: SourceExact}
-	if d.RetryAfter == Never {
-		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
-	}
-	return ls.finish(d), nil
+	return ls.finish(l.fromTake(&t)), nil
 }
 
 // beyondLease decides n tokens of key, which its lease here can never
@@ -549,33 +533,43 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 // may hold them. The take carries the generation of the lease's record
 // (the one before its mark), so that Redis keeps the lease and counts it.
 func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
-	t, err := l.store.TakePool(cctx, global.PoolTake{
-		Limit: ls.Name, Key: key, Instance: l.members.Name(), Gen: placement.PrevGen(r.Mark),
-		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1), N: n,
-		TTL: l.cfg.UncontendedTTL, Asked: r.Attempted,
-	})
-	cancel()
-	ls.sent(1)
+	t, now, err := l.take(ctx, ls, key, n, placement.PrevGen(r.Mark), r.Attempted, 0)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Decision{}, fmt.Errorf("hybrid: limit %q: %w", ls.Name, ctx.Err())
 		}
-		ls.m.redisErrors.Inc()
-		d := Decision{RetryAfter: l.cfg.ContendedTTL / placement.RenewDivisor, Source: SourceExact}
-		if !global.IsReplyError(err) {
-			l.exactFailed.Store(true)   // the loop checks Redis
-			d.Source = SourceFailClosed // an outage, as takeFailed says
-		}
-		return ls.finish(d), nil
+		return l.takeFailed(ls, key, r.Mark, now, err), nil
 	}
-	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceExact}
+	return ls.finish(l.fromTake(&t)), nil
+}
+
+// take runs one take of n tokens of key from its pool, under generation
+// gen, bounded by RedisTimeout, and returns Redis's answer and when it
+// came (holds count from then, as Redis's times do).
+func (l *Limiter) take(ctx context.Context, ls *limitEntry, key string, n int, gen uint8, asked int64, extra int) (global.Take, time.Time, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+	t, err := l.store.TakePool(cctx, global.PoolTake{
+		Limit: ls.Name, Key: key, Instance: l.members.Name(), Gen: gen,
+		// N-hat, which the loop keeps in loc: an atomic load, where place
+		// takes a lock.
+		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1), N: n,
+		TTL: l.cfg.UncontendedTTL, Asked: asked, Extra: extra,
+	})
+	cancel()
+	ls.sent(1)
+	return t, time.Now(), err
+}
+
+// fromTake is the decision of take t: what the client has left is the
+// pool's tokens and the credit taken for its next requests here; tokens
+// the pool can never hold as it is are looked for again after a renewal
+// period, when the leases may have given it back its part of the burst.
+func (l *Limiter) fromTake(t *global.Take) Decision {
+	d := Decision{Allowed: t.Allowed, Remaining: t.Remaining + int64(t.Credit), RetryAfter: t.RetryAfter, Source: SourceExact}
 	if d.RetryAfter == Never {
-		// The pool is too small now; the leases' renewals may give it
-		// back its part of the burst.
 		d.RetryAfter = l.cfg.ContendedTTL / placement.RenewDivisor
 	}
-	return ls.finish(d), nil
+	return d
 }
 
 // takeFailed is the decision on an exact take of key, under mark, that

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -58,6 +59,15 @@ func TestLongKeysAreHeldAsDigests(t *testing.T) {
 			sum := sha256.Sum256([]byte(longKey(0)))
 			if d, err := l.Allow(ctx, "api", "#"+hex.EncodeToString(sum[:])); err != nil || !d.Allowed {
 				t.Errorf("the text of a long key's digest shares its bucket: %+v, %v", d, err)
+			}
+			// Through the middleware, a client's header as its key.
+			h := hybrid.Middleware(l, "api", byHeader)(http.NotFoundHandler())
+			before = heapInUse()
+			for i := range 50 {
+				serve(t, h, longKey(100+i))
+			}
+			if grown := int64(heapInUse()) - int64(before); grown > 1<<20 {
+				t.Errorf("50 keys of 900 KiB through the middleware grew the heap by %d bytes, want under 1 MiB", grown)
 			}
 		})
 	}

@@ -282,29 +282,7 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	m := &Memberlist{
-		name:             conf.Name,
-		maxInstances:     cfg.MaxInstances,
-		leaveTimeout:     cmp.Or(cfg.LeaveTimeout, DefaultLeaveTimeout),
-		logger:           logger,
-		resolve:          cfg.Resolve,
-		retryInterval:    cmp.Or(cfg.RetryInterval, DefaultRetryInterval),
-		maxRetryInterval: cfg.MaxRetryInterval,
-		changed:          make(chan struct{}, 1),
-		incarnation:      newIncarnation(),
-	}
-	if m.maxRetryInterval == 0 {
-		m.maxRetryInterval = max(DefaultMaxRetryInterval, m.retryInterval)
-	}
-	if m.resolve == nil {
-		m.resolve = net.DefaultResolver.LookupHost
-	}
-	m.count.Store(1)
-	m.nt = newNotifier(m.refresh, m.Count, true)
+	m := newMemberlist(&cfg, conf.Name)
 	conf.Events = eventDelegate{m}
 	conf.Delegate = delegate{m}
 	conf.Conflict = conflictDelegate{m}
@@ -345,6 +323,64 @@ func JoinContext(ctx context.Context, cfg Config) (_ *Memberlist, err error) {
 	return m, nil
 }
 
+// newMemberlist is the Memberlist of cfg, named name, before its node
+// starts.
+func newMemberlist(cfg *Config, name string) *Memberlist {
+	m := &Memberlist{
+		name:             name,
+		maxInstances:     cfg.MaxInstances,
+		leaveTimeout:     cmp.Or(cfg.LeaveTimeout, DefaultLeaveTimeout),
+		logger:           cfg.Logger,
+		resolve:          cfg.Resolve,
+		retryInterval:    cmp.Or(cfg.RetryInterval, DefaultRetryInterval),
+		maxRetryInterval: cfg.MaxRetryInterval,
+		changed:          make(chan struct{}, 1),
+		incarnation:      newIncarnation(),
+	}
+	if m.logger == nil {
+		m.logger = slog.New(slog.DiscardHandler)
+	}
+	if m.maxRetryInterval == 0 {
+		m.maxRetryInterval = max(DefaultMaxRetryInterval, m.retryInterval)
+	}
+	if m.resolve == nil {
+		m.resolve = net.DefaultResolver.LookupHost
+	}
+	m.count.Store(1)
+	m.nt = newNotifier(m.refresh, m.Count, true)
+	return m
+}
+
+// checkConfig returns an error wrapping ErrInvalidConfig for a field of
+// cfg that Join cannot use.
+func checkConfig(cfg *Config) error {
+	if k := len(cfg.SecretKey); k != 0 && k != 16 && k != 24 && k != 32 {
+		return fmt.Errorf("%w: secret key is %d bytes, want 16, 24 or 32", ErrInvalidConfig, k)
+	}
+	if len(cfg.Name) > MaxNameLength {
+		return fmt.Errorf("%w: Name is %d bytes, at most %d", ErrInvalidConfig, len(cfg.Name), MaxNameLength)
+	}
+	if cfg.MaxInstances < 0 {
+		return fmt.Errorf("%w: negative MaxInstances %d", ErrInvalidConfig, cfg.MaxInstances)
+	}
+	if cfg.LeaveTimeout < 0 {
+		return fmt.Errorf("%w: negative LeaveTimeout %v", ErrInvalidConfig, cfg.LeaveTimeout)
+	}
+	if cfg.JoinTimeout < 0 || cfg.RetryInterval < 0 || cfg.MaxRetryInterval < 0 {
+		return fmt.Errorf("%w: negative JoinTimeout, RetryInterval or MaxRetryInterval", ErrInvalidConfig)
+	}
+	if cfg.MaxRetryInterval > 0 && cfg.MaxRetryInterval < cfg.RetryInterval {
+		return fmt.Errorf("%w: MaxRetryInterval %v is below RetryInterval %v", ErrInvalidConfig, cfg.MaxRetryInterval, cfg.RetryInterval)
+	}
+	if _, err := parseSeeds(cfg.Seeds, DefaultPort); err != nil {
+		return err
+	}
+	if cfg.BindPort < 0 || cfg.BindPort > 65535 || cfg.AdvertisePort < 0 || cfg.AdvertisePort > 65535 {
+		return fmt.Errorf("%w: port out of range", ErrInvalidConfig)
+	}
+	return nil
+}
+
 // memberlistConfig validates cfg and translates it.
 func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	var conf *memberlist.Config
@@ -356,31 +392,9 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown profile %v", ErrInvalidConfig, cfg.Profile)
 	}
-	if k := len(cfg.SecretKey); k != 0 && k != 16 && k != 24 && k != 32 {
-		return nil, fmt.Errorf("%w: secret key is %d bytes, want 16, 24 or 32", ErrInvalidConfig, k)
-	}
-	if len(cfg.Name) > MaxNameLength {
-		return nil, fmt.Errorf("%w: Name is %d bytes, at most %d", ErrInvalidConfig, len(cfg.Name), MaxNameLength)
-	}
-	if cfg.MaxInstances < 0 {
-		return nil, fmt.Errorf("%w: negative MaxInstances %d", ErrInvalidConfig, cfg.MaxInstances)
-	}
-	if cfg.LeaveTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative LeaveTimeout %v", ErrInvalidConfig, cfg.LeaveTimeout)
-	}
-	if cfg.JoinTimeout < 0 || cfg.RetryInterval < 0 || cfg.MaxRetryInterval < 0 {
-		return nil, fmt.Errorf("%w: negative JoinTimeout, RetryInterval or MaxRetryInterval", ErrInvalidConfig)
-	}
-	if cfg.MaxRetryInterval > 0 && cfg.MaxRetryInterval < cfg.RetryInterval {
-		return nil, fmt.Errorf("%w: MaxRetryInterval %v is below RetryInterval %v", ErrInvalidConfig, cfg.MaxRetryInterval, cfg.RetryInterval)
-	}
-	if _, err := parseSeeds(cfg.Seeds, DefaultPort); err != nil {
+	if err := checkConfig(cfg); err != nil {
 		return nil, err
 	}
-	if cfg.BindPort < 0 || cfg.BindPort > 65535 || cfg.AdvertisePort < 0 || cfg.AdvertisePort > 65535 {
-		return nil, fmt.Errorf("%w: port out of range", ErrInvalidConfig)
-	}
-
 	conf.Name = cfg.Name
 	if conf.Name == "" {
 		host, err := os.Hostname()

@@ -758,6 +758,9 @@ type Status struct {
 	Keys int
 	// LeasedRate is the sum of the rates leased by this instance (Hybrid).
 	LeasedRate float64
+	// LeasedKeys is the number of keys this instance decides on a lease
+	// (Hybrid); the others of Keys are decided exactly in Redis.
+	LeasedKeys int
 	// FailingKeys is the number of keys (Hybrid) whose last request to
 	// Redis, a lease ask or an exact decision, failed on its own (for
 	// example because the Redis Cluster node that holds it is down) while
@@ -794,6 +797,7 @@ func (l *Limiter) Status(limit string) (Status, error) {
 		for _, k := range ls.keys.AppendStats(nil) {
 			if k.Assigned {
 				st.LeasedRate += float64(k.Share.Limit)
+				st.LeasedKeys++
 			}
 		}
 	}

@@ -51,13 +51,20 @@ type Take struct {
 // otherwise TakeN returns an error wrapping ErrInvalid without calling Redis.
 // Any other error means Redis could not decide; the Take is then zero.
 func (s *Store) TakeN(ctx context.Context, limit, key string, ratePerSecond float64, burst, n int) (Take, error) {
+	if n < 0 {
+		return Take{}, fmt.Errorf("global: take %q: %w: n %d is negative", key, ErrInvalid, n)
+	}
+	return s.takeN(ctx, "take", limit, key, ratePerSecond, burst, n)
+}
+
+// takeN runs tokenbucket.lua for TakeN (n >= 0) and GiveN (n < 0: a give of
+// -n), what naming the call in its errors.
+func (s *Store) takeN(ctx context.Context, what, limit, key string, ratePerSecond float64, burst, n int) (Take, error) {
 	switch {
 	case !finite(ratePerSecond) || ratePerSecond <= 0:
-		return Take{}, fmt.Errorf("global: take %q: %w: ratePerSecond %v is not a positive finite number", key, ErrInvalid, ratePerSecond)
+		return Take{}, fmt.Errorf("global: %s %q: %w: ratePerSecond %v is not a positive finite number", what, key, ErrInvalid, ratePerSecond)
 	case burst < 0:
-		return Take{}, fmt.Errorf("global: take %q: %w: burst %d is negative", key, ErrInvalid, burst)
-	case n < 0:
-		return Take{}, fmt.Errorf("global: take %q: %w: n %d is negative", key, ErrInvalid, n)
+		return Take{}, fmt.Errorf("global: %s %q: %w: burst %d is negative", what, key, ErrInvalid, burst)
 	}
 	keys := []string{s.BucketKey(limit, key)}
 	args := []any{formatFloat(ratePerSecond), strconv.Itoa(burst), strconv.Itoa(n)}
@@ -67,11 +74,11 @@ func (s *Store) TakeN(ctx context.Context, limit, key string, ratePerSecond floa
 	}
 	v, err := cmd.Result()
 	if err != nil {
-		return Take{}, fmt.Errorf("global: take %q: %w", key, err)
+		return Take{}, fmt.Errorf("global: %s %q: %w", what, key, err)
 	}
 	t, err := parseTake(v)
 	if err != nil {
-		return Take{}, fmt.Errorf("global: take %q: %w", key, err)
+		return Take{}, fmt.Errorf("global: %s %q: %w", what, key, err)
 	}
 	return t, nil
 }

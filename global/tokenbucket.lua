@@ -3,7 +3,8 @@
 -- KEYS[1]  bucket hash: tokens (float as string), ts (server time, microseconds)
 -- ARGV[1]  rate, tokens per second (> 0)
 -- ARGV[2]  burst, bucket capacity (>= 0)
--- ARGV[3]  n, tokens to take (>= 0)
+-- ARGV[3]  n, tokens to take; a negative n gives -n tokens back (a
+--          request that did not go ahead), never above burst
 --
 -- Returns {allowed ("0"/"1"), tokens left, retry_after_us}, all strings because
 -- Redis truncates Lua numbers to integers. retry_after_us is "-1" when n tokens
@@ -12,7 +13,7 @@ local key = KEYS[1]
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-if not rate or not burst or not n or rate <= 0 or burst < 0 or n < 0 then
+if not rate or not burst or not n or rate <= 0 or burst < 0 then
   return redis.error_reply('ERR hybridlimit: invalid token bucket arguments')
 end
 
@@ -37,7 +38,7 @@ local allowed = 0
 local retry = 0
 if n <= tokens then
   allowed = 1
-  tokens = tokens - n
+  tokens = math.min(tokens - n, burst)
 elseif n > burst then
   retry = -1
 else

@@ -59,6 +59,7 @@ const (
 type Option func(*options)
 
 type options struct {
+	also     []limitKey // WithLimit's, in order
 	cost     func(ctx context.Context, fullMethod string) int
 	skip     map[string]bool // full method names
 	services []string        // prefixes "/package.Service/"
@@ -121,6 +122,26 @@ func WithOutageRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.outage = d }
 }
 
+// limitKey is one limit of an interceptor and the key it limits calls by.
+type limitKey struct {
+	limit string
+	key   KeyFunc
+}
+
+// WithLimit limits each call under one more limit of the Limiter, keyed by
+// key: a per-method limit beside a per-client one, say. An interceptor's
+// limits (its own first, then WithLimit's in the order given) are charged
+// all-or-none: each decides the call, and when any refuses it, those that
+// admitted it get their tokens back (hybrid.Reservation.Cancel), so that a
+// call turned away counts against none. The refusal is the first failure
+// among them (an error, then a fail-closed outage), else the denial with
+// the longest wait. The empty-key rule, the cost and the skipped methods
+// apply to every limit. The interceptor panics if the Limiter has no limit
+// of that name or key is nil.
+func WithLimit(limit string, key KeyFunc) Option {
+	return func(o *options) { o.also = append(o.also, limitKey{limit: limit, key: key}) }
+}
+
 // UnaryServerInterceptor returns a unary server interceptor that admits each
 // call against limit of l, keyed by key, before calling the handler. A call
 // that is not admitted fails as the package documentation describes, and the
@@ -165,9 +186,8 @@ func StreamServerInterceptor(l *hybrid.Limiter, limit string, key KeyFunc, opts 
 // checker decides the calls of one interceptor. It is immutable, so safe for
 // concurrent use.
 type checker struct {
-	l     *hybrid.Limiter
-	limit string
-	key   KeyFunc
+	l      *hybrid.Limiter
+	limits []limitKey // the interceptor's, then WithLimit's
 	options
 }
 
@@ -175,43 +195,102 @@ func newChecker(l *hybrid.Limiter, limit string, key KeyFunc, opts []Option) *ch
 	if l == nil {
 		panic("grpclimit: nil *hybrid.Limiter")
 	}
-	if key == nil {
-		panic("grpclimit: nil KeyFunc")
-	}
-	if _, err := l.Quota(limit); err != nil {
-		panic("grpclimit: " + err.Error())
-	}
-	c := &checker{l: l, limit: limit, key: key, options: options{outage: hybrid.DefaultOutageRetryAfter}}
+	c := &checker{l: l, options: options{outage: hybrid.DefaultOutageRetryAfter}}
 	for _, o := range opts {
 		o(&c.options)
+	}
+	c.limits = append([]limitKey{{limit: limit, key: key}}, c.also...)
+	for _, lk := range c.limits {
+		if lk.key == nil {
+			panic("grpclimit: nil KeyFunc")
+		}
+		if _, err := l.Quota(lk.limit); err != nil {
+			panic("grpclimit: " + err.Error())
+		}
 	}
 	return c
 }
 
-// check decides one call. It returns nil when the call may go on, or the
-// error to answer with and the trailer to set (nil for none).
+// check decides one call under every limit, all-or-none. It returns nil
+// when the call may go on, or the error to answer with and the trailer to
+// set (nil for none).
 func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, error) {
 	if c.skipped(fullMethod) {
 		return nil, nil
-	}
-	key := c.key(ctx, fullMethod)
-	if key == "" {
-		switch c.emptyKey {
-		case EmptyKeyReject:
-			return nil, status.Error(codes.Unauthenticated, "grpclimit: no rate-limit key for this call")
-		case EmptyKeySkip:
-			return nil, nil
-		}
 	}
 	n := 1
 	if c.cost != nil {
 		n = c.cost(ctx, fullMethod)
 	}
-	d, err := c.l.AllowN(ctx, c.limit, key, n)
+	var (
+		taken   []*hybrid.Reservation
+		trailer metadata.MD
+		refused error
+		worst   int           // of refused: see rank
+		wait    time.Duration // of a denial refused
+	)
+	for _, lk := range c.limits {
+		r, md, err := c.reserve(ctx, fullMethod, lk, n)
+		if err == nil {
+			if r != nil && r.Allowed {
+				taken = append(taken, r)
+			}
+			continue
+		}
+		if k := rank(r); k > worst || (k == worst && r != nil && r.RetryAfter > wait) {
+			trailer, refused, worst = md, err, k
+			if r != nil {
+				wait = r.RetryAfter
+			}
+		}
+		if r == nil {
+			break // not decided: the call is refused whatever the others say
+		}
+	}
+	if refused != nil {
+		give := context.WithoutCancel(ctx)
+		for _, r := range taken {
+			_ = r.Cancel(give) // a refund that fails leaves the tokens taken: safe
+		}
+	}
+	return trailer, refused
+}
+
+// rank orders the refusals of one call, the one answered first: a limit
+// that could not decide (r nil), then an outage, then a denial.
+func rank(r *hybrid.Reservation) int {
+	switch {
+	case r == nil:
+		return 3
+	case r.Source == hybrid.SourceFailClosed:
+		return 2
+	}
+	return 1
+}
+
+// reserve decides the call under lk, taking n tokens. It returns the
+// reservation (nil if there was no decision) and, unless the call may go
+// on, the trailer and the error to answer with.
+func (c *checker) reserve(ctx context.Context, fullMethod string, lk limitKey, n int) (*hybrid.Reservation, metadata.MD, error) {
+	key := lk.key(ctx, fullMethod)
+	if key == "" {
+		switch c.emptyKey {
+		case EmptyKeyReject:
+			return nil, nil, status.Error(codes.Unauthenticated, "grpclimit: no rate-limit key for this call")
+		case EmptyKeySkip:
+			return nil, nil, nil
+		}
+	}
+	r, err := c.l.Reserve(ctx, lk.limit, key, n)
+	var d hybrid.Decision
+	if r != nil {
+		d = r.Decision
+	}
 	if err == nil && d.Source == hybrid.SourceFailClosed && c.outage > 0 {
 		d.RetryAfter = c.outage
 	}
-	return refusal(c.limit, n, d, err)
+	md, err := refusal(lk.limit, n, d, err)
+	return r, md, err
 }
 
 func (c *checker) skipped(fullMethod string) bool {

@@ -579,6 +579,8 @@ func TestPanics(t *testing.T) {
 		"unknown EmptyKey":     func() { grpclimit.WithEmptyKey(grpclimit.EmptyKey(3)) },
 		"unknown limit":        func() { grpclimit.UnaryServerInterceptor(l, "apii", byKey) },
 		"unknown stream limit": func() { grpclimit.StreamServerInterceptor(l, "apii", byKey) },
+		"unknown WithLimit":    func() { grpclimit.UnaryServerInterceptor(l, "api", byKey, grpclimit.WithLimit("apii", byKey)) },
+		"nil WithLimit key":    func() { grpclimit.UnaryServerInterceptor(l, "api", byKey, grpclimit.WithLimit("api", nil)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -587,6 +589,46 @@ func TestPanics(t *testing.T) {
 				}
 			}()
 			f()
+		})
+	}
+}
+
+// TestLimitsAllOrNone: an interceptor with a per-client limit of 1 and a
+// per-method limit of 2 (WithLimit) charges them all-or-none, against a
+// real Redis in Global and Hybrid mode and in process in Local mode.
+// alice's second call is denied by her limit and the method gets its
+// token back, so bob's call is still admitted; carol is denied by the
+// method, and her own limit gets its token back.
+func TestLimitsAllOrNone(t *testing.T) {
+	srv := redistest.Start(t)
+	byMethod := func(_ context.Context, fullMethod string) string { return fullMethod }
+	for _, mode := range []hybrid.Mode{hybrid.Local, hybrid.Global, hybrid.Hybrid} {
+		t.Run(mode.String(), func(t *testing.T) {
+			l := newLimiter(t, hybrid.Config{Redis: srv.Client(t), Limits: []hybrid.Limit{
+				{Name: "client", Rate: slow, Burst: 1, Mode: mode, OnOutage: hybrid.FailClosed},
+				{Name: "method", Rate: slow, Burst: 2, Mode: mode, OnOutage: hybrid.FailClosed},
+			}})
+			s := start(t, grpclimit.UnaryServerInterceptor(l, "client", byKey, grpclimit.WithLimit("method", byMethod)),
+				grpclimit.StreamServerInterceptor(l, "client", byKey, grpclimit.WithLimit("method", byMethod)))
+			for i, step := range []struct {
+				key  string
+				code codes.Code
+			}{
+				{"alice", codes.OK},
+				{"alice", codes.ResourceExhausted},
+				{"bob", codes.OK},
+				{"carol", codes.ResourceExhausted},
+			} {
+				if a := unary(t, s, as(t, step.key)); a.code != step.code {
+					t.Errorf("call %d (%s): %v, want %v", i, step.key, a.code, step.code)
+				}
+			}
+			if d, err := l.Allow(context.Background(), "client", "carol"); err != nil || !d.Allowed {
+				t.Errorf("carol's own limit after the method denied her: %+v, %v; want her token back", d, err)
+			}
+			if got := s.handled.Load(); got != 2 {
+				t.Errorf("%d calls reached the service, want the 2 admitted", got)
+			}
 		})
 	}
 }

@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,10 +101,24 @@ func (e EmptyKey) String() string {
 	return fmt.Sprintf("EmptyKey(%d)", int(e))
 }
 
-// MiddlewareOption configures a Middleware. The options are WithCost,
-// WithSkip, WithDenyHandler, WithErrorHandler, WithOutageRetryAfter and
-// WithEmptyKey.
+// MiddlewareOption configures a Middleware. The options are WithLimit,
+// WithCost, WithSkip, WithDenyHandler, WithErrorHandler,
+// WithOutageRetryAfter and WithEmptyKey.
 type MiddlewareOption func(*middleware)
+
+// WithLimit limits each request under one more limit, keyed by key(r): a
+// per-route limit beside a per-client one, say. A Middleware's limits (its
+// own first, then WithLimit's in the order given) are charged all-or-none:
+// each decides the request, and when any denies it (or fails closed, or
+// cannot decide), those that admitted it get their tokens back (see
+// Reservation.Cancel), so that a request turned away counts against none.
+// The answer carries every limit's RateLimit members; a denial's
+// Retry-After is the longest of the denials', and the deny handler gets
+// that denial. The empty-key rule, the cost and the skip apply to every
+// limit. Middleware panics if l has no limit of that name or key is nil.
+func WithLimit(limit string, key func(*http.Request) string) MiddlewareOption {
+	return func(m *middleware) { m.checks = append(m.checks, check{limit: limit, key: key}) }
+}
 
 // WithCost makes each request take cost(r) tokens instead of 1 (the size of
 // an upload, the number of items of a batch). A cost above the limit's
@@ -162,11 +178,16 @@ func WithEmptyKey(e EmptyKey) MiddlewareOption {
 	return func(m *middleware) { m.emptyKey = e }
 }
 
+// check is one limit of a Middleware and the key it limits a request by.
+type check struct {
+	limit string
+	key   func(*http.Request) string
+}
+
 // middleware is one Middleware's configuration, fixed once built.
 type middleware struct {
 	l                *Limiter
-	limit            string
-	key              func(*http.Request) string
+	checks           []check // the Middleware's limit, then WithLimit's
 	cost             func(*http.Request) int
 	skip             func(*http.Request) bool
 	deny             func(http.ResponseWriter, *http.Request, Decision)
@@ -191,9 +212,10 @@ type middleware struct {
 // the bucket is full again. While the limit is degraded under FailLocal the
 // policy advertises the reduced local quota. Both fields are lists: when
 // several Middlewares limit one route, every limit that decided appears as
-// one member of each field, outermost first. They decide in turn, outermost
-// first, so a request that an inner limit denies has taken its tokens from
-// the outer ones.
+// one member of each field, outermost first. Chained Middlewares decide in
+// turn, outermost first, so a request that an inner limit denies has taken
+// its tokens from the outer ones: give one Middleware several limits
+// (WithLimit) to charge them all-or-none.
 //
 // An admitted request goes to next. A denied request gets 429 Too Many
 // Requests (WithDenyHandler changes the answer) with Retry-After in whole
@@ -219,13 +241,18 @@ type middleware struct {
 // the tokens a request takes; WithSkip exempts requests such as health
 // checks.
 func Middleware(l *Limiter, limit string, key func(*http.Request) string, opts ...MiddlewareOption) func(http.Handler) http.Handler {
-	if l == nil || key == nil {
+	if l == nil {
 		panic("hybrid: Middleware needs a Limiter and a key function")
 	}
-	if _, err := l.Quota(limit); err != nil {
-		panic("hybrid.Middleware: " + err.Error())
-	}
 	m := newMiddleware(l, limit, key, opts)
+	for _, c := range m.checks {
+		if c.key == nil {
+			panic("hybrid: Middleware needs a Limiter and a key function")
+		}
+		if _, err := l.Quota(c.limit); err != nil {
+			panic("hybrid.Middleware: " + err.Error())
+		}
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if m.admit(w, r) {
@@ -240,16 +267,17 @@ func Middleware(l *Limiter, limit string, key func(*http.Request) string, opts .
 // request's body, say): it writes the RateLimit headers and, when the
 // request is not admitted, the whole answer (429 with Retry-After, 503 for
 // an outage, the error handler's), and reports whether the handler should
-// go on. opts are Middleware's. Unlike Middleware, it does not panic on a
-// limit the Limiter does not have: that request gets 503, as after
-// SetLimits removed the limit.
+// go on. opts are Middleware's, WithLimit included: the limits are charged
+// all-or-none. Unlike Middleware, it does not panic on a limit the Limiter
+// does not have: that request gets 503, as after SetLimits removed the
+// limit.
 func Admit(w http.ResponseWriter, r *http.Request, l *Limiter, limit, key string, opts ...MiddlewareOption) bool {
 	return newMiddleware(l, limit, func(*http.Request) string { return key }, opts).admit(w, r)
 }
 
 // newMiddleware is the configuration of a Middleware or an Admit.
 func newMiddleware(l *Limiter, limit string, key func(*http.Request) string, opts []MiddlewareOption) *middleware {
-	m := &middleware{l: l, limit: limit, key: key, outageRetryAfter: DefaultOutageRetryAfter}
+	m := &middleware{l: l, checks: []check{{limit: limit, key: key}}, outageRetryAfter: DefaultOutageRetryAfter}
 	for _, o := range opts {
 		o(m)
 	}
@@ -262,53 +290,112 @@ func newMiddleware(l *Limiter, limit string, key func(*http.Request) string, opt
 	return m
 }
 
-// admit decides r and answers it unless it is admitted (or skipped): it
-// reports whether the handler should go on.
+// admit decides r under each of the middleware's limits and answers it
+// unless every one admits it (or it is skipped): it reports whether the
+// handler should go on. A request turned away gets back the tokens of the
+// limits that admitted it.
 func (m *middleware) admit(w http.ResponseWriter, r *http.Request) bool {
 	if m.skip != nil && m.skip(r) {
 		return true
-	}
-	key := m.key(r)
-	if key == "" {
-		switch m.emptyKey {
-		case EmptyKeySkip:
-			return true
-		case EmptyKeyReject:
-			m.fail(w, r, fmt.Errorf("%w: limit %q", ErrEmptyKey, m.limit))
-			return false
-		}
 	}
 	n := 1
 	if m.cost != nil {
 		n = m.cost(r)
 	}
+	var one [1]Reservation
+	rs := one[:0]
+	if len(m.checks) > 1 {
+		rs = make([]Reservation, 0, len(m.checks))
+	}
+	var failed error
+	for i := range m.checks {
+		rs = rs[:len(rs)+1]
+		if failed = m.reserve(r, &m.checks[i], n, &rs[len(rs)-1]); failed != nil {
+			rs = rs[:len(rs)-1]
+			break
+		}
+		if rs[len(rs)-1].ls == nil {
+			rs = rs[:len(rs)-1] // no key: EmptyKeySkip
+		}
+	}
+	turned := failed != nil
+	for i := range rs {
+		turned = turned || !rs[i].Allowed
+	}
+	if turned {
+		refund(r, rs, n)
+	}
+	if failed != nil {
+		m.fail(w, r, failed)
+		return false
+	}
+	return m.answer(w, r, rs)
+}
+
+// reserve decides r under c, taking n tokens, into *rv; it leaves rv.ls
+// nil for a request without a key that EmptyKeySkip lets through, and
+// returns the error a request gets that c cannot decide.
+func (m *middleware) reserve(r *http.Request, c *check, n int, rv *Reservation) error {
+	key := c.key(r)
+	if key == "" {
+		switch m.emptyKey {
+		case EmptyKeySkip:
+			return nil
+		case EmptyKeyReject:
+			return fmt.Errorf("%w: limit %q", ErrEmptyKey, c.limit)
+		}
+	}
 	// One lookup: the decision and the headers are of the same limit, even
 	// while SetLimits changes it.
-	ls, err := m.l.entry(m.limit)
+	ls, err := m.l.entry(c.limit)
 	if err != nil {
-		m.fail(w, r, err)
-		return false
+		return err
 	}
-	var d Decision
-	err = m.l.decide(r.Context(), ls, key, n, &d)
-	if err != nil {
-		m.fail(w, r, err)
-		return false
+	rv.l, rv.ls, rv.key, rv.n = m.l, ls, heldKey(key), n
+	return m.l.decide(r.Context(), ls, key, n, &rv.Decision)
+}
+
+// refund cancels the reservations rs of n tokens that admitted a request
+// that is turned away, even if its client is gone, and shows the tokens
+// given back in what each says is left.
+func refund(r *http.Request, rs []Reservation, n int) {
+	ctx := context.WithoutCancel(r.Context())
+	for i := range rs {
+		if rs[i].Allowed && !rs[i].Shadowed && rs[i].Cancel(ctx) == nil {
+			rs[i].Remaining += int64(n)
+		}
 	}
-	q := ls.quota()
-	if !q.Shadow {
-		WriteHeaders(w.Header(), m.limit, q, d)
+}
+
+// answer writes every limit's RateLimit members for the decisions rs and,
+// unless all of them admit the request, the answer: 503 for an outage (a
+// FailClosed rejection), else the deny handler's for the denial with the
+// longest wait. It reports whether the handler should go on.
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, rs []Reservation) bool {
+	var denial, outage *Reservation
+	for i := range rs {
+		d := &rs[i]
+		if q := d.ls.quota(); !q.Shadow {
+			WriteHeaders(w.Header(), d.ls.Name, q, d.Decision)
+		}
+		switch {
+		case d.Allowed:
+		case d.Source == SourceFailClosed:
+			outage = cmp.Or(outage, d)
+		case denial == nil || d.RetryAfter > denial.RetryAfter:
+			denial = d
+		}
 	}
 	switch {
-	case d.Allowed:
-		return true
-	case d.Source == SourceFailClosed:
+	case outage != nil:
 		if m.outageRetryAfter > 0 {
 			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(m.outageRetryAfter, 1), 10))
 		}
-		m.fail(w, r, fmt.Errorf("%w: limit %q", ErrFailClosed, m.limit))
+		m.fail(w, r, fmt.Errorf("%w: limit %q", ErrFailClosed, outage.ls.Name))
+	case denial != nil:
+		m.deny(w, r, denial.Decision)
 	default:
-		m.deny(w, r, d)
+		return true
 	}
 	return false
 }

@@ -636,17 +636,16 @@ func (l *Limiter) SetMark(key string, m uint8) bool {
 	})
 }
 
-// Give adds tokens to key's bucket at t, up to its burst: tokens moved to
-// this instance from elsewhere (package hybrid moves what a key's exact
-// pool in Redis held for it when the key takes a lease), which the key may
-// spend at once. A marked key, whose decisions are made elsewhere, takes
-// none. It reports false if the key does not exist.
+// Give adds tokens to key's bucket at t, up to its burst: tokens that a
+// request took and gave back (package hybrid's refunds), which the key may
+// spend at once. A key decided elsewhere (marked, with no lease in force)
+// takes none. It reports false if the key does not exist.
 func (l *Limiter) Give(t time.Time, key string, tokens int) bool {
 	return l.with(key, func(sh *shard, e *entry) {
-		if e.mark != 0 || tokens <= 0 {
+		now := sh.advance(e, t)
+		if tokens <= 0 || (e.mark != 0 && (!e.assigned || now >= e.until)) {
 			return
 		}
-		now := sh.advance(e, t)
 		e.b.tokens = min(e.b.advance(now)+float64(tokens), float64(e.b.burst))
 		e.b.last = now
 	})
@@ -671,6 +670,17 @@ func (l *Limiter) SetHold(key string, mark uint8, until time.Time) bool {
 		}
 	})
 	return ok
+}
+
+// ClearHold ends key's hold (SetHold), if it is marked: tokens came back to
+// where its decisions are made (a refund), so its next request asks there
+// again. It reports false if the key does not exist.
+func (l *Limiter) ClearHold(key string) bool {
+	return l.with(key, func(_ *shard, e *entry) {
+		if e.mark != 0 && !e.assigned {
+			e.until = 0
+		}
+	})
 }
 
 // Unassign moves key back to the default share at t, lapsed or not. It

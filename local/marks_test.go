@@ -172,3 +172,47 @@ func TestLeaseOfRateZero(t *testing.T) {
 		t.Errorf("stats after the credit was spent: %+v, want no lease in force", st)
 	}
 }
+
+// TestGive: tokens given back go to a key decided here (unmarked, or on a
+// lease in force), up to its burst; a key decided elsewhere (marked, its
+// lease ended) takes none. ClearHold ends a marked key's hold.
+func TestGive(t *testing.T) {
+	l := mustNew(t, Config{Limit: 1, Burst: 4, Instances: 1})
+	left := func(key string, at time.Time) int {
+		n := 0
+		for l.AllowN(at, key, 1).Allowed {
+			n++
+		}
+		return n
+	}
+	l.AllowN(t0, "k", 3)
+	l.Give(t0, "k", 2)
+	if got := left("k", t0); got != 3 {
+		t.Errorf("3 of 4 taken, 2 given back: %d left, want 3", got)
+	}
+	l.Give(t0, "k", 9)
+	if got := left("k", t0); got != 4 {
+		t.Errorf("a give above the burst: %d left, want the burst 4", got)
+	}
+
+	l.AllowN(t0, "leased", 1)
+	until := t0.Add(time.Second)
+	l.Lease(t0, "leased", Share{Limit: 1, Burst: 3}, until, 7, 0)
+	l.Give(t0, "leased", 2)
+	if got := left("leased", t0); got != 2 {
+		t.Errorf("a lease given 2: %d admitted, want 2", got)
+	}
+	l.Give(until, "leased", 2) // the lease has ended: the key is marked
+	if r := l.AllowN(until, "leased", 1); r.Allowed || r.Mark != 7 {
+		t.Errorf("after the lease: %+v, want the key passed on under mark 7", r)
+	}
+
+	l.SetHold("leased", 7, until.Add(time.Minute))
+	if r := l.AllowN(until, "leased", 1); r.Hold <= 0 {
+		t.Fatalf("a hold set: %+v", r)
+	}
+	l.ClearHold("leased")
+	if r := l.AllowN(until, "leased", 1); r.Hold != 0 || r.Mark != 7 {
+		t.Errorf("after ClearHold: %+v, want no hold, still marked", r)
+	}
+}

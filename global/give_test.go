@@ -1,0 +1,113 @@
+package global_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/hybridlimit/global"
+	"github.com/hybridlimit/hybridlimit/internal/redistest"
+)
+
+// TestGiveN: tokens given back to a Global bucket are there for the next
+// take, never above the burst, and a give to a bucket that does not exist
+// (full) adds nothing.
+func TestGiveN(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	ctx := context.Background()
+	// Slow enough that no whole token refills during the test.
+	const rate, burst = 0.01, 5
+	take := func(n int) global.Take {
+		t.Helper()
+		tk, err := store.TakeN(ctx, "l", "k", rate, burst, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	give := func(n int) int64 {
+		t.Helper()
+		left, err := store.GiveN(ctx, "l", "k", rate, burst, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return left
+	}
+	if left := give(3); left != burst {
+		t.Errorf("a give to a fresh (full) bucket leaves %d, want the burst %d", left, burst)
+	}
+	if tk := take(4); !tk.Allowed || tk.Remaining != 1 {
+		t.Fatalf("take 4 of a full bucket = %+v", tk)
+	}
+	if left := give(3); left != 4 {
+		t.Errorf("take 4, give 3 back: %d left, want 4", left)
+	}
+	if left := give(3); left != burst {
+		t.Errorf("a give above the burst left %d, want the burst %d", left, burst)
+	}
+	if tk := take(burst); !tk.Allowed {
+		t.Errorf("the whole burst after the gives = %+v, want it admitted", tk)
+	}
+	if tk := take(1); tk.Allowed {
+		t.Errorf("a take past the burst after the gives = %+v, want a denial: a give never lifts the bucket above its burst", tk)
+	}
+	if _, err := store.GiveN(ctx, "l", "k", rate, burst, -1); !errors.Is(err, global.ErrInvalid) {
+		t.Errorf("GiveN(-1) error = %v, want ErrInvalid", err)
+	}
+}
+
+// TestGivePool: tokens given back to a key's pool are there for the next
+// take, up to the pool's burst (its part of the limit's that no lease
+// holds), and a give changes no lease: the lease keeps its grant.
+func TestGivePool(t *testing.T) {
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	ctx := context.Background()
+	const rate, burst = 1.0, 10
+	take := func(n int) global.Take {
+		t.Helper()
+		tk, err := store.TakePool(ctx, global.PoolTake{Limit: "l", Key: "k", Instance: "a", Gen: 1, Rate: rate,
+			Burst: burst, Instances: 2, N: n, TTL: time.Minute, Asked: int64(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	give := func(n int) int64 {
+		t.Helper()
+		left, err := store.GivePool(ctx, "l", "k", rate, burst, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return left
+	}
+	if left := give(4); left != burst {
+		t.Errorf("a give to a missing (full) pool leaves %d, want %d", left, burst)
+	}
+	if tk := take(burst); !tk.Allowed || tk.Remaining != 0 {
+		t.Fatalf("the whole burst = %+v", tk)
+	}
+	if left := give(6); left != 6 {
+		t.Errorf("take 10, give 6: %d left, want 6", left)
+	}
+	// b leases half the rate: the pool's burst is 5 from now on.
+	grants := make([]global.LeaseGrant, 1)
+	err := store.AskLeases(ctx, []global.LeaseAsk{{Limit: "l", Key: "k", Instance: "b", Gen: 1, Want: rate / 2,
+		Rate: rate, Burst: burst, Instances: 2, TTL: time.Minute}}, grants)
+	if err != nil || grants[0].Err != nil || grants[0].Granted != rate/2 {
+		t.Fatalf("b's lease = %+v, %v; want half the rate", grants[0], err)
+	}
+	if left := give(burst); left != burst/2 {
+		t.Errorf("a give past the pool's burst left %d, want its burst %d", left, burst/2)
+	}
+	if err := store.AskLeases(ctx, []global.LeaseAsk{{Limit: "l", Key: "k", Instance: "b", Gen: 3, Want: rate / 2,
+		Rate: rate, Burst: burst, Instances: 2, TTL: time.Minute, Running: rate / 2, RunningFor: time.Minute}}, grants); err != nil ||
+		grants[0].Err != nil || grants[0].Granted != rate/2 || grants[0].Lost {
+		t.Errorf("b's renewal after the gives = %+v, %v; want its grant, its record kept", grants[0], err)
+	}
+	if _, err := store.GivePool(ctx, "l", "k", rate, burst, -1); !errors.Is(err, global.ErrInvalid) {
+		t.Errorf("GivePool(-1) error = %v, want ErrInvalid", err)
+	}
+}

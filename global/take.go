@@ -167,11 +167,11 @@ func (s *Store) TakePool(ctx context.Context, r PoolTake) (Take, error) {
 
 // parsePoolTake reads the reply of take.lua.
 func parsePoolTake(v any) (Take, error) {
-	f, err := replyStrings(v, 7)
+	f, err := replyStrings(v, 8)
 	if err != nil {
 		return Take{}, err
 	}
-	t, err := parseTake([]any{f[0], f[1], f[2]})
+	t, err := parseTakeFields(f[0], f[1], f[2], f[7])
 	if err != nil {
 		return Take{}, err
 	}

@@ -31,7 +31,7 @@
 --     this take's tokens.
 --
 -- Returns {allowed, tokens left, retry_us, pool_rate, pool_burst, turn_us,
--- credit}
+-- credit, now_us}
 -- as strings, because Redis truncates Lua numbers to integers. retry_us is
 -- "-1" when the tokens can never be there at the pool's rate and burst as
 -- they are; otherwise a denial's retry_us is when the pool would hold the
@@ -167,4 +167,5 @@ return {
   string.format('%.17g', pool_burst),
   string.format('%d', turn_us),
   string.format('%d', credit),
+  string.format('%d', now),
 }

@@ -39,6 +39,9 @@ type Take struct {
 	// ahead of the caller's next requests (PoolTake.Extra); zero
 	// otherwise, and always for TakeN.
 	Credit int
+	// At is the Redis server time the call ran at: what GiveN and
+	// GivePool are told, to give back what a request took.
+	At time.Time
 }
 
 // TakeN runs the classic atomic token bucket of (limit, key) in Redis: it
@@ -54,12 +57,12 @@ func (s *Store) TakeN(ctx context.Context, limit, key string, ratePerSecond floa
 	if n < 0 {
 		return Take{}, fmt.Errorf("global: take %q: %w: n %d is negative", key, ErrInvalid, n)
 	}
-	return s.takeN(ctx, "take", limit, key, ratePerSecond, burst, n)
+	return s.takeN(ctx, "take", limit, key, ratePerSecond, burst, n, "0")
 }
 
 // takeN runs tokenbucket.lua for TakeN (n >= 0) and GiveN (n < 0: a give of
-// -n), what naming the call in its errors.
-func (s *Store) takeN(ctx context.Context, what, limit, key string, ratePerSecond float64, burst, n int) (Take, error) {
+// -n of the tokens taken at sinceUS), what naming the call in its errors.
+func (s *Store) takeN(ctx context.Context, what, limit, key string, ratePerSecond float64, burst, n int, sinceUS string) (Take, error) {
 	switch {
 	case !finite(ratePerSecond) || ratePerSecond <= 0:
 		return Take{}, fmt.Errorf("global: %s %q: %w: ratePerSecond %v is not a positive finite number", what, key, ErrInvalid, ratePerSecond)
@@ -67,7 +70,7 @@ func (s *Store) takeN(ctx context.Context, what, limit, key string, ratePerSecon
 		return Take{}, fmt.Errorf("global: %s %q: %w: burst %d is negative", what, key, ErrInvalid, burst)
 	}
 	keys := []string{s.BucketKey(limit, key)}
-	args := []any{formatFloat(ratePerSecond), strconv.Itoa(burst), strconv.Itoa(n)}
+	args := []any{formatFloat(ratePerSecond), strconv.Itoa(burst), strconv.Itoa(n), sinceUS}
 	cmd := tokenBucketScript.EvalSha(ctx, s.rdb, keys, args...)
 	if isNoScript(cmd.Err()) {
 		cmd = tokenBucketScript.Eval(ctx, s.rdb, keys, args...)
@@ -85,16 +88,23 @@ func (s *Store) takeN(ctx context.Context, what, limit, key string, ratePerSecon
 
 // parseTake reads the reply of tokenbucket.lua.
 func parseTake(v any) (Take, error) {
-	f, err := replyStrings(v, 3)
+	f, err := replyStrings(v, 4)
 	if err != nil {
 		return Take{}, err
 	}
-	tokens, err1 := strconv.ParseFloat(f[1], 64)
-	retryUS, err2 := strconv.ParseInt(f[2], 10, 64)
-	if (f[0] != "0" && f[0] != "1") || err1 != nil || err2 != nil {
-		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
+	return parseTakeFields(f[0], f[1], f[2], f[3])
+}
+
+// parseTakeFields reads the fields of a take's reply that tokenbucket.lua
+// and take.lua share: allowed, tokens left, retry_us and now_us.
+func parseTakeFields(allowed, left, retry, now string) (Take, error) {
+	tokens, err1 := strconv.ParseFloat(left, 64)
+	retryUS, err2 := strconv.ParseInt(retry, 10, 64)
+	nowUS, err3 := strconv.ParseInt(now, 10, 64)
+	if (allowed != "0" && allowed != "1") || err1 != nil || err2 != nil || err3 != nil {
+		return Take{}, fmt.Errorf("%w: %q", ErrReply, []string{allowed, left, retry, now})
 	}
-	t := Take{Allowed: f[0] == "1", Remaining: int64(math.Floor(tokens))}
+	t := Take{Allowed: allowed == "1", Remaining: int64(math.Floor(tokens)), At: time.UnixMicro(nowUS)}
 	switch {
 	case t.Allowed:
 	case retryUS < 0:

@@ -4,21 +4,31 @@
 -- ARGV[1]  rate, tokens per second (> 0)
 -- ARGV[2]  burst, bucket capacity (>= 0)
 -- ARGV[3]  n, tokens to take; a negative n gives -n tokens back (a
---          request that did not go ahead), never above burst
+--          request that did not go ahead), less what the bucket could
+--          have refilled since they were taken, never above burst
+-- ARGV[4]  for a give, when the tokens were taken: the server time the
+--          take returned, in microseconds
 --
--- Returns {allowed ("0"/"1"), tokens left, retry_after_us}, all strings because
--- Redis truncates Lua numbers to integers. retry_after_us is "-1" when n tokens
+-- Returns {allowed ("0"/"1"), tokens left, retry_after_us, now_us}, all
+-- strings because Redis truncates Lua numbers to integers. retry_after_us is "-1" when n tokens
 -- can never be there (n > burst).
 local key = KEYS[1]
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-if not rate or not burst or not n or rate <= 0 or burst < 0 then
+local since = tonumber(ARGV[4] or '0')
+if not rate or not burst or not n or not since or rate <= 0 or burst < 0 then
   return redis.error_reply('ERR hybridlimit: invalid token bucket arguments')
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if n < 0 then
+  -- A give: had the tokens never been taken, the bucket would have been
+  -- full sooner and lost up to a refill's worth of them since; giving
+  -- back only the rest leaves it at most where it would be.
+  n = math.min(0, n + math.max(0, now - since) * rate / 1000000)
+end
 
 local state = redis.call('HMGET', key, 'tokens', 'ts')
 local tokens = tonumber(state[1])
@@ -52,4 +62,4 @@ if ttl < 1 then ttl = 1 end
 if ttl > 9007199254740991 then ttl = 9007199254740991 end
 redis.call('PEXPIRE', key, string.format('%d', ttl))
 
-return {tostring(allowed), string.format('%.17g', tokens), string.format('%d', retry)}
+return {tostring(allowed), string.format('%.17g', tokens), string.format('%d', retry), string.format('%d', now)}

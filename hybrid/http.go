@@ -351,8 +351,8 @@ func (m *middleware) reserve(r *http.Request, c *check, n int, rv *Reservation) 
 	if err != nil {
 		return err
 	}
-	rv.l, rv.ls, rv.key, rv.n = m.l, ls, heldKey(key), n
-	return m.l.decide(r.Context(), ls, key, n, &rv.Decision)
+	rv.l, rv.ls, rv.key, rv.n, rv.at = m.l, ls, heldKey(key), n, time.Now()
+	return m.l.decide(r.Context(), ls, key, n, &rv.Decision, &rv.at)
 }
 
 // refund cancels the reservations rs of n tokens that admitted a request

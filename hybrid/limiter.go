@@ -334,7 +334,7 @@ func (l *Limiter) AllowN(ctx context.Context, limit, key string, n int) (d Decis
 	if err != nil {
 		return Decision{}, err
 	}
-	err = l.decide(ctx, ls, key, n, &d)
+	err = l.decide(ctx, ls, key, n, &d, nil)
 	return d, err
 }
 
@@ -352,7 +352,8 @@ func (l *Limiter) entry(limit string) (*limitEntry, error) {
 }
 
 // decide is AllowN under the limit ls: it sets *d to the decision, or
-// returns the error.
+// returns the error. A decision in Redis sets *at, if at is not nil, to
+// the server time it ran at (see Reservation.Cancel).
 //
 // Local decisions, and Hybrid ones on a lease, are the hot path: they are
 // decided here, in one frame, and their Decision is written once, field by
@@ -360,7 +361,7 @@ func (l *Limiter) entry(limit string) (*limitEntry, error) {
 // more than four fields, so the compiler keeps one in memory: returned by
 // value from function to function, every copy of it cost a
 // store-forwarding stall, together about a fifth of the decision.
-func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int, d *Decision) error {
+func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int, d *Decision, at *time.Time) error {
 	key = heldKey(key) // for AllowN, Wait, Middleware and Admit alike
 	if n < 1 {
 		return fmt.Errorf("%w: got %d", ErrInvalidN, n)
@@ -372,14 +373,14 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 	}
 	switch ls.Mode {
 	case Global:
-		g, err := l.global(ctx, ls, key, n)
+		g, err := l.global(ctx, ls, key, n, at)
 		if err != nil {
 			return err
 		}
 		*d = g
 		return nil
 	case Hybrid:
-		return l.hybrid(ctx, ls, key, n, d)
+		return l.hybrid(ctx, ls, key, n, d, at)
 	}
 	// loc counts the decisions it makes (see decisionsCollector).
 	var r local.Result
@@ -396,7 +397,7 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 // hybrid is decide for a limit in Hybrid mode: on the key's lease when one
 // is in force here, else exactly, with one script against the key's pool in
 // Redis, or while the limit is degraded by its outage policy.
-func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int, d *Decision) error {
+func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int, d *Decision, at *time.Time) error {
 	now := time.Now()
 	var r local.Result
 	// keys counts the decisions on a lease (see decisionsCollector).
@@ -408,9 +409,9 @@ func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int,
 		case ls.degraded.Load():
 			e = l.outage(ls, key, n, now)
 		case r.Assigned:
-			e, err = l.beyondLease(ctx, ls, key, n, &r)
+			e, err = l.beyondLease(ctx, ls, key, n, &r, at)
 		default:
-			e, err = l.exact(ctx, ls, key, n, &r)
+			e, err = l.exact(ctx, ls, key, n, &r, at)
 		}
 		*d = e
 		return err
@@ -497,7 +498,7 @@ func (ls *limitEntry) shade(d Decision) Decision {
 // said "nothing until t" is repeated here until t, without asking); its
 // flag, set while its takes fail; and the tokens asked for on the key,
 // which Redis measures the key's demand here by.
-func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
+func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result, at *time.Time) (Decision, error) {
 	if r.Hold > 0 {
 		if r.Flagged {
 			// The key's takes fail: an outage, until it tries again.
@@ -515,6 +516,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 	if r.Flagged {
 		ls.keys.SetFlag(key, false)
 	}
+	setAt(at, &t)
 	if t.Credit > 0 {
 		// Tokens Redis handed ahead of the key's next requests: a lease
 		// of rate 0 that they are admitted from here until it is spent
@@ -532,7 +534,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 // with one take from the key's pool in Redis, where the cluster's bucket
 // may hold them. The take carries the generation of the lease's record
 // (the one before its mark), so that Redis keeps the lease and counts it.
-func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result) (Decision, error) {
+func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n int, r *local.Result, at *time.Time) (Decision, error) {
 	t, now, err := l.take(ctx, ls, key, n, placement.PrevGen(r.Mark), r.Attempted, 0)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -540,7 +542,15 @@ func (l *Limiter) beyondLease(ctx context.Context, ls *limitEntry, key string, n
 		}
 		return l.takeFailed(ls, key, r.Mark, now, err), nil
 	}
+	setAt(at, &t)
 	return ls.finish(l.fromTake(&t)), nil
+}
+
+// setAt sets *at, if at is not nil, to the server time take t ran at.
+func setAt(at *time.Time, t *global.Take) {
+	if at != nil {
+		*at = t.At
+	}
 }
 
 // take runs one take of n tokens of key from its pool, under generation
@@ -670,13 +680,14 @@ func (l *Limiter) policy(ls *limitEntry) Decision {
 
 // global decides one request of a Global limit with the Redis token bucket,
 // or with the outage policy while Redis is unreachable, and counts it.
-func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int) (Decision, error) {
+func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int, at *time.Time) (Decision, error) {
 	if !ls.degraded.Load() {
 		cctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 		t, err := l.store.TakeN(cctx, ls.Name, key, ls.Rate, ls.Burst, n)
 		cancel()
 		ls.sent(1)
 		if err == nil {
+			setAt(at, &t)
 			return ls.finish(Decision{Allowed: t.Allowed, Remaining: t.Remaining, RetryAfter: t.RetryAfter, Source: SourceGlobal}), nil
 		}
 		if ctx.Err() != nil {

@@ -18,8 +18,8 @@ type store interface {
 	AskLeases(ctx context.Context, asks []global.LeaseAsk, out []global.LeaseGrant) error
 	TakeN(ctx context.Context, limit, key string, rate float64, burst, n int) (global.Take, error)
 	TakePool(ctx context.Context, r global.PoolTake) (global.Take, error)
-	GiveN(ctx context.Context, limit, key string, rate float64, burst, n int) (int64, error)
-	GivePool(ctx context.Context, limit, key string, rate float64, burst, n int) (int64, error)
+	GiveN(ctx context.Context, limit, key string, rate float64, burst, n int, takenAt time.Time) (int64, error)
+	GivePool(ctx context.Context, limit, key string, rate float64, burst, n int, takenAt time.Time) (int64, error)
 	Ping(ctx context.Context) error
 	Check(ctx context.Context) error
 	Definitions(ctx context.Context, limit, instance, def string, ttl time.Duration) (map[string]string, error)

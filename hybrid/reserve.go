@@ -15,10 +15,14 @@ type Reservation struct {
 	// Decision is the decision, as AllowN would have returned it.
 	Decision
 
-	l        *Limiter
-	ls       *limitEntry
-	key      string // as held (heldKey)
-	n        int
+	l   *Limiter
+	ls  *limitEntry
+	key string // as held (heldKey)
+	n   int
+	// at is when the tokens were taken: Redis server time for a decision
+	// in Redis (SourceExact, SourceGlobal), this process's clock from
+	// before the decision for the others.
+	at       time.Time
 	canceled atomic.Bool
 }
 
@@ -30,8 +34,8 @@ func (l *Limiter) Reserve(ctx context.Context, limit, key string, n int) (*Reser
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{l: l, ls: ls, key: heldKey(key), n: n}
-	if err := l.decide(ctx, ls, key, n, &r.Decision); err != nil {
+	r := &Reservation{l: l, ls: ls, key: heldKey(key), n: n, at: time.Now()}
+	if err := l.decide(ctx, ls, key, n, &r.Decision, &r.at); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -41,12 +45,18 @@ func (l *Limiter) Reserve(ctx context.Context, limit, key string, n int) (*Reser
 // this instance's bucket of the key (Local mode, a lease, the FailLocal
 // quota), or the key's bucket in Redis (Global mode, and a Hybrid key
 // decided exactly: one script, bounded by Config.RedisTimeout and by ctx).
-// Other instances that hold a denial of the key (see AllowN) learn of
-// the refund when they ask Redis again.
+// Other instances that hold a denial of the key (see AllowN) learn of the
+// refund when they ask Redis again.
 //
-// A refund never lifts a bucket above its burst, nor gives back more than
-// was taken, so the limit's bound holds: what the cluster admits, less
-// what is given back, stays within rate·w + burst over any window w.
+// A refund puts a bucket back at most where it would be had the request
+// never come: had the tokens not been taken, the bucket might have been
+// full sooner and lost some of its refill, so a refund is the tokens less
+// what the limit refills in the time since the decision (Limit.Rate per
+// second), and never lifts a bucket above its burst. A Cancel right after
+// the decision (a second limit that denies the same request) gives back
+// about all of it; one a second later on a limit of 10/s gives back 10
+// tokens less. So the bound holds: what the cluster admits, less the
+// requests canceled, stays within rate·w + burst over any window w.
 //
 // Cancel does nothing for a denial, a shadowed decision (nothing was
 // taken), a FailOpen admission (nothing was counted), a reservation
@@ -59,11 +69,14 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 		return nil
 	}
 	ls, now := r.ls, time.Now()
+	// What the limit refilled since: the bucket here refills at its share
+	// of the rate, at most the rate.
+	back := float64(r.n) - ls.Rate*now.Sub(r.at).Seconds()
 	switch r.Source {
 	case SourceLocal:
-		ls.loc.Give(now, r.key, r.n)
+		ls.loc.Give(now, r.key, back)
 	case SourceLease:
-		ls.keys.Give(now, r.key, r.n)
+		ls.keys.Give(now, r.key, back)
 	case SourceExact, SourceGlobal:
 		return r.giveBack(ctx)
 	}
@@ -78,9 +91,9 @@ func (r *Reservation) giveBack(ctx context.Context) error {
 	defer cancel()
 	var err error
 	if r.Source == SourceGlobal {
-		_, err = r.l.store.GiveN(cctx, ls.Name, r.key, ls.Rate, ls.Burst, r.n)
+		_, err = r.l.store.GiveN(cctx, ls.Name, r.key, ls.Rate, ls.Burst, r.n, r.at)
 	} else {
-		_, err = r.l.store.GivePool(cctx, ls.Name, r.key, ls.Rate, ls.Burst, r.n)
+		_, err = r.l.store.GivePool(cctx, ls.Name, r.key, ls.Rate, ls.Burst, r.n, r.at)
 	}
 	ls.sent(1)
 	if err != nil {

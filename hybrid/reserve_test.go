@@ -2,6 +2,9 @@ package hybrid_test
 
 import (
 	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,15 +65,19 @@ func TestReserveCancel(t *testing.T) {
 			if err := r.Cancel(ctx); err != nil {
 				t.Fatal(err)
 			}
+			// The refund is the 5 tokens less the refill since the
+			// reservation, a hair at this rate: 4 whole ones and most
+			// of the fifth, which the bucket's own fraction may
+			// complete.
 			after, src := drain(t, other, "api", "k")
-			if after != n || src != tc.source {
+			if after < n-1 || after > n || src != tc.source {
 				t.Errorf("admitted %d after the cancel (denied by %v), want the %d given back (by %v)", after, src, n, tc.source)
 			}
 			if err := r.Cancel(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if again, _ := drain(t, other, "api", "k"); again != 0 {
-				t.Errorf("a second Cancel gave back %d tokens, want none", again)
+			if again, _ := drain(t, other, "api", "k"); again > 1 {
+				t.Errorf("a second Cancel gave back %d tokens, want none (a fraction left by the first may make one)", again)
 			}
 			if tc.mode == hybrid.Global && n+before != burst {
 				t.Errorf("admitted %d before the refund, want the burst %d", n+before, burst)
@@ -79,29 +86,33 @@ func TestReserveCancel(t *testing.T) {
 	}
 }
 
-// A refund never lifts a bucket above its burst: a reservation canceled
-// while the bucket is full again gives nothing, so the next burst is the
-// burst, not more. Canceling a denial, a shadowed decision and a FailOpen
-// admission gives nothing either.
+// A refund never lifts a bucket above where it would be had the request
+// never come: the whole burst reserved, the bucket full again, drained,
+// and then the reservation canceled. Giving the burst back now would
+// admit a second burst at once; the refund is the burst less the refill
+// since, nothing here. Canceling a denial, a shadowed decision and a
+// FailOpen admission gives nothing either.
 func TestCancelNeverAboveBurst(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	const rate, burst = 1000, 10 // refills a token a millisecond
+	const rate, burst = 100, 50 // full again in half a second
 	for _, mode := range []hybrid.Mode{hybrid.Local, hybrid.Global, hybrid.Hybrid} {
 		t.Run(mode.String(), func(t *testing.T) {
 			l := cluster(t, srv, 1, nil, hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: mode, OnOutage: hybrid.FailClosed})[0]
-			r, err := l.Reserve(ctx, "api", "k", 4)
+			r, err := l.Reserve(ctx, "api", "k", burst)
 			if err != nil || !r.Allowed {
 				t.Fatalf("Reserve = %+v, %v", r, err)
 			}
-			// The bucket is full again within 4ms.
-			time.Sleep(20 * time.Millisecond) // lets the bucket refill: the state under test, not a synchronisation
+			time.Sleep(600 * time.Millisecond) // lets the bucket refill: the state under test, not a synchronisation
+			start := time.Now()
+			a, _ := drain(t, l, "api", "k")
 			if err := r.Cancel(ctx); err != nil {
 				t.Fatal(err)
 			}
-			// Drained at once: a few tokens may refill meanwhile, never 4.
-			if got, _ := drain(t, l, "api", "k"); got > burst+3 {
-				t.Errorf("admitted %d after a refund to a full bucket of %d: the refund lifted it above its burst", got, burst)
+			b, _ := drain(t, l, "api", "k")
+			took := time.Since(start)
+			if bound := burst + rate*took.Seconds() + 1; float64(a+b) > bound {
+				t.Errorf("admitted %d, then %d after the refund, in %v: above burst + rate·w = %.0f", a, b, took, bound)
 			}
 		})
 	}
@@ -129,16 +140,19 @@ func TestCancelNeverAboveBurst(t *testing.T) {
 
 // A canceled reservation of a leased key goes back to the lease's bucket
 // here. One instance, a rate of 2/s (a token every half second): the key
-// is leased once its demand shows, and a lease's denial, a Cancel, and the
-// next request is admitted from the lease; after a second Cancel it is not.
+// is leased once its demand shows; a reservation of 3 on the lease, a
+// drain to the lease's denial, a Cancel, and the lease admits the 3 again
+// (2 whole ones at least: the refund is less the refill since); after a
+// second Cancel, at most the fraction left.
 func TestReserveCancelLeased(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	l := cluster(t, srv, 1, nil, hybrid.Limit{Name: "api", Rate: 2, Burst: 20, Mode: hybrid.Hybrid, OnOutage: hybrid.FailClosed})[0]
+	const n = 3
 	var r *hybrid.Reservation
 	eventually(t, 10*time.Second, "a reservation admitted on a lease", func() bool {
 		var err error
-		if r, err = l.Reserve(ctx, "api", "k", 1); err != nil {
+		if r, err = l.Reserve(ctx, "api", "k", n); err != nil {
 			t.Fatal(err)
 		}
 		// LeasedRate: a lease of the rate, not credit (tokens taken ahead
@@ -149,13 +163,73 @@ func TestReserveCancelLeased(t *testing.T) {
 	if _, src := drain(t, l, "api", "k"); src != hybrid.SourceLease {
 		t.Fatalf("drained to a denial by %v, want by the lease", src)
 	}
-	for i, want := range []bool{true, false} {
+	for i, most := range []int{n, 1} {
 		if err := r.Cancel(ctx); err != nil {
 			t.Fatal(err)
 		}
-		d, err := l.Allow(ctx, "api", "k")
-		if err != nil || d.Allowed != want || d.Source != hybrid.SourceLease {
-			t.Errorf("after Cancel %d: %+v, %v; want allowed %v on the lease", i+1, d, err, want)
+		got, src := drain(t, l, "api", "k")
+		if got > most || (i == 0 && got < n-1) || src != hybrid.SourceLease {
+			t.Errorf("after Cancel %d: %d admitted until the lease (%v) denied, want %d", i+1, got, src, most)
 		}
+	}
+}
+
+// Invariant 1 with refunds: what the cluster admits, less the requests
+// canceled, stays within rate·w + burst over every window. Three
+// instances saturate one key in each mode; each cancels a third of its
+// admissions at once and a third up to 300ms later, when the bucket may
+// have filled again (a refund never lifts it above where it would be had
+// the request never come). Worst windows of 50ms to 1s are checked.
+func TestCancelKeepsTheBound(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const rate, burst, total = 200.0, 20, 2 * time.Second
+	for _, mode := range []hybrid.Mode{hybrid.Local, hybrid.Global, hybrid.Hybrid} {
+		t.Run(mode.String(), func(t *testing.T) {
+			inst := cluster(t, srv, 3, nil, hybrid.Limit{Name: "api", Rate: rate, Burst: burst, Mode: mode, OnOutage: hybrid.FailClosed})
+			var mu sync.Mutex
+			var kept []time.Duration
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i, l := range inst {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(i), 1))
+					var late sync.WaitGroup
+					defer late.Wait()
+					for time.Since(start) < total {
+						at := time.Since(start)
+						r, err := l.Reserve(context.Background(), "api", "k", 1)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !r.Allowed {
+							time.Sleep(time.Millisecond) // pacing, not a synchronisation
+							continue
+						}
+						switch rng.IntN(3) {
+						case 0:
+							_ = r.Cancel(context.Background())
+						case 1:
+							d := time.Duration(rng.Int64N(int64(300 * time.Millisecond)))
+							late.Go(func() {
+								time.Sleep(d) // the cancel comes late: the state under test
+								_ = r.Cancel(context.Background())
+							})
+						default:
+							mu.Lock()
+							kept = append(kept, at)
+							mu.Unlock()
+						}
+					}
+				})
+			}
+			wg.Wait()
+			slices.Sort(kept)
+			t.Logf("%d admissions kept over %v", len(kept), total)
+			// Local mode splits the limit: each instance its third, the
+			// same bound in all.
+			assertBound(t, kept, rate, burst, 0, 50*time.Millisecond, 250*time.Millisecond, time.Second)
+		})
 	}
 }

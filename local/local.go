@@ -640,13 +640,13 @@ func (l *Limiter) SetMark(key string, m uint8) bool {
 // request took and gave back (package hybrid's refunds), which the key may
 // spend at once. A key decided elsewhere (marked, with no lease in force)
 // takes none. It reports false if the key does not exist.
-func (l *Limiter) Give(t time.Time, key string, tokens int) bool {
+func (l *Limiter) Give(t time.Time, key string, tokens float64) bool {
 	return l.with(key, func(sh *shard, e *entry) {
 		now := sh.advance(e, t)
-		if tokens <= 0 || (e.mark != 0 && (!e.assigned || now >= e.until)) {
+		if !(tokens > 0) || (e.mark != 0 && (!e.assigned || now >= e.until)) {
 			return
 		}
-		e.b.tokens = min(e.b.advance(now)+float64(tokens), float64(e.b.burst))
+		e.b.tokens = min(e.b.advance(now)+tokens, float64(e.b.burst))
 		e.b.last = now
 	})
 }

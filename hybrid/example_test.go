@@ -235,9 +235,10 @@ func ExampleMiddleware() {
 	// 429 RateLimit-Policy: "api";q=2;w=2 RateLimit: "api";r=0;t=1 Retry-After: "1"
 }
 
-// Two limits on one route: each appears in the RateLimit fields, outermost
-// first, and the one that denies sets Retry-After.
-func ExampleMiddleware_stacked() {
+// Two limits on one route, charged all-or-none: a per-route limit and a
+// per-client one. Each appears in the RateLimit fields; when the client's
+// denies a request, the route gets its token back (r=9 both times).
+func ExampleWithLimit() {
 	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
 		{Name: "route", Rate: 10, Burst: 10, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
 		{Name: "client", Rate: 1, Burst: 1, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
@@ -248,9 +249,9 @@ func ExampleMiddleware_stacked() {
 	defer l.Close(context.Background())
 
 	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") })
-	perRoute := hybrid.Middleware(l, "route", func(*http.Request) string { return "search" })
-	perClient := hybrid.Middleware(l, "client", hybrid.KeyHeader("X-Api-Key"))
-	h := perRoute(perClient(hello))
+	limit := hybrid.Middleware(l, "route", func(*http.Request) string { return "search" },
+		hybrid.WithLimit("client", hybrid.KeyHeader("X-Api-Key")))
+	h := limit(hello)
 
 	for range 2 {
 		rec := httptest.NewRecorder()
@@ -267,7 +268,41 @@ func ExampleMiddleware_stacked() {
 	//   RateLimit: "route";r=9;t=1, "client";r=0;t=1
 	// 429
 	//   RateLimit-Policy: "route";q=10;w=1, "client";q=1;w=1
-	//   RateLimit: "route";r=8;t=1, "client";r=0;t=1
+	//   RateLimit: "route";r=9;t=1, "client";r=0;t=1
+}
+
+// A request checked against a limit and then turned away by something
+// else (here, a quota of the account that Reserve does not know of) gives
+// its tokens back with Cancel.
+func ExampleLimiter_Reserve() {
+	l, err := hybrid.New(hybrid.Config{Limits: []hybrid.Limit{
+		{Name: "uploads", Rate: hybrid.PerHour(10), Burst: 10, Mode: hybrid.Local, OnOutage: hybrid.FailLocal},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	ctx := context.Background()
+
+	accountFull := true
+	r, err := l.Reserve(ctx, "uploads", "alice", 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("admitted:", r.Allowed, "left:", r.Remaining)
+	if accountFull {
+		// The upload will not happen: it must not count against alice.
+		if err := r.Cancel(ctx); err != nil {
+			log.Print(err) // the tokens stay taken: the limit errs on the safe side
+		}
+	}
+	// Without the refund 6 are left; with it, the 4 less a hair of refill
+	// time (see Cancel).
+	d, _ := l.AllowN(ctx, "uploads", "alice", 9)
+	fmt.Println("then 9 at once:", d.Allowed)
+	// Output:
+	// admitted: true left: 6
+	// then 9 at once: true
 }
 
 func ExampleWithCost() {

@@ -159,6 +159,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	for _, s := range workload.Scenarios(workload.QuickTiming()) {
 		all = append(all, s.Name)
 	}
+	all = append(all, saturatedName)
 	if o.scenarios, err = subset(*scen, all, "scenario"); err != nil {
 		return o, err
 	}
@@ -305,9 +306,16 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 	rep := &report.Report{Run: run}
 	scenarios, notes := pickScenarios(o, b, workload.Scenarios(timing))
 	rep.Notes = append(rep.Notes, notes...)
-	shapes := closedShapes(timing, o.seed)
+	var shapes []closedLoop
+	if len(scenarios) > 0 {
+		shapes = closedShapes(timing, o.seed)
+	}
 	baselines := latencyBaselines(scenarios)
 	runs := len(baselines) + len(o.strategies)*(len(scenarios)+len(shapes))
+	sat := slices.Contains(o.scenarios, saturatedName)
+	if sat {
+		runs += len(saturatedStrategies(o)) * len(saturatedWorkers)
+	}
 	p := newProgress(stderr, started, runs)
 	defer p.done()
 
@@ -321,6 +329,11 @@ func bench(ctx context.Context, o options, b backend, started time.Time, stderr 
 	}
 	if rep.ClosedLoop, err = r.closedLoops(shapes); err != nil {
 		return nil, err
+	}
+	if sat {
+		if rep.Saturated, err = r.saturated(timing); err != nil {
+			return nil, err
+		}
 	}
 	joinClosedLoops(rep)
 	rep.WallSeconds = time.Since(started).Seconds()

@@ -24,7 +24,7 @@ var strategies = []string{report.Local, report.Global, report.Hybrid, report.Red
 // golang.org/x/time/rate limiters under a mutex per instance, each at
 // rate/N and burst/N. It is run on a few scenarios to show what the
 // machine and the driver cost a decision.
-const bare = "bare x/time/rate"
+const bare = report.BlindSplit
 
 // limitName is the one limit every Limiter of the bench holds.
 const limitName = "bench"

@@ -379,7 +379,7 @@ func (l *Limiter) answered(sent time.Time, b *batch, r *ref, res *global.LeaseGr
 	}
 	r.ls.keys.SetFlag(r.o.Key, false)
 	g := placement.Grant{Granted: res.Granted, Fair: res.Fair, Demand: res.Demand, Contended: res.Contended,
-		Lost: res.Lost, Stale: res.Stale, In: res.In, Drained: res.Drained}
+		Lost: res.Lost, Stale: res.Stale, In: res.In, Drained: res.Drained, Answered: time.Now()}
 	b.outs = r.ls.pol.Answer(sent, &r.o, &g, b.outs[:0])
 	for _, o := range b.outs {
 		if o.Kind == placement.Assign {

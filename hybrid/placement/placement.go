@@ -113,6 +113,20 @@ const (
 	// asks again EarlyTicks ticks later, whatever its lease's lifetime, as
 	// often as the others may renew early when their traffic fell.
 	Starved = 0.9
+	// The lag is how long the answers to asks took to be handed in
+	// (Grant.Answered less the ask's time): the round trip, and the time
+	// the lease loop waited for a CPU. A process whose callers saturate
+	// its CPU hands answers in hundreds of milliseconds late, and a lease
+	// that ends before its renewal lands stops admitting while Redis still
+	// counts it. So a lease lives at least LagTTLs lags (up to
+	// UncontendedTTL), and renews at least LagLead lags before it ends
+	// here, so that one renewal as late as the worst lately seen lands in
+	// time. The lag remembered is the worst answer's, falling by
+	// LagDecay at each answer that took less: one slow answer is not
+	// forgotten at the next quick one, while the CPU is still saturated.
+	LagTTLs  = 4
+	LagLead  = 2
+	LagDecay = 0.9
 )
 
 // State is where a key stands on this instance.
@@ -219,6 +233,9 @@ type Grant struct {
 	Contended, Lost, Stale bool
 	In                     time.Duration // the lease's lifetime from when Redis ran the ask
 	Drained                int
+	// Answered is when the answer was handed in; the zero time means at
+	// once, when the ask went out. The policy keeps the lag from it.
+	Answered time.Time
 }
 
 // Gauges sum up a limit's leases at a tick.
@@ -287,6 +304,9 @@ type Policy struct {
 	// leases run out into the exact placement (where decisions follow the
 	// outage policy).
 	degraded bool
+	// lag is the worst time lately from an ask to its answer (see
+	// LagTTLs).
+	lag time.Duration
 }
 
 // New returns the policy of a limit.
@@ -309,7 +329,7 @@ func (p *Policy) Resettle(now time.Time) {
 	t := p.instant(now)
 	for _, k := range p.keys {
 		if k.state == Leased {
-			k.renewAt, k.stable, k.ttl = t, 0, p.cfg.ContendedTTL
+			k.renewAt, k.stable, k.ttl = t, 0, p.contendedTTL()
 		}
 	}
 }
@@ -332,6 +352,9 @@ func (p *Policy) Compact() {
 // compactFrom is the fewest keys a map must have held for Compact to
 // rebuild it: below, the memory is not worth the copy.
 const compactFrom = 64
+
+// Lag returns the worst time lately from an ask to its answer.
+func (p *Policy) Lag() time.Duration { return p.lag }
 
 // Len returns the number of keys the policy tracks: those that left their
 // first exact placement, until they are forgotten.

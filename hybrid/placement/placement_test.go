@@ -564,3 +564,33 @@ func TestClumpsKeepTheAverage(t *testing.T) {
 		}
 	}
 }
+
+// Answers handed in late, 350 ms after their asks (callers saturate the
+// CPU, and the loop waits that long to run): a lease of 600 ms renewed at
+// half its lifetime would end before its renewal's answer lands. The
+// policy keeps the lag, asks for leases of LagTTLs lags, and renews
+// LagLead lags before the end; a prompt answer lowers the lag by LagDecay.
+func TestLateAnswersLengthenLeases(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	const lag = 350 * time.Millisecond
+	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1050 ttl=600ms drain")
+	// It ends here at +590ms, under two lags after the answer at +400ms:
+	// renew at once.
+	expect(t, "late answer", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 600 * time.Millisecond, Answered: at(1).Add(lag)}),
+		"assign gen=4 rate=250 burst=25 until=+590ms give=0")
+	if h.p.Lag() != lag {
+		t.Errorf("lag %v, want %v", h.p.Lag(), lag)
+	}
+	expect(t, "tick 2", h.tick(2, 50), "ask gen=5 want=1050 ttl=1.4s running=250 for=490ms")
+	expect(t, "late renewal", h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 1400 * time.Millisecond, Answered: at(2).Add(lag)}),
+		"assign gen=6 rate=250 burst=25 until=+1.36s give=0")
+	// Two lags before +1.36s, not half the lifetime (+800ms).
+	for k := 3; k < 14; k++ {
+		expect(t, fmt.Sprintf("tick %d", k), h.tick(k, 50), "")
+	}
+	expect(t, "tick 14", h.tick(14, 50), "ask gen=7 want=1050 ttl=1.4s running=250 for=660ms")
+	h.answer(Grant{Granted: 250, Fair: 250, Contended: true, In: 1400 * time.Millisecond, Answered: at(14)})
+	if want := time.Duration(float64(lag) * LagDecay); h.p.Lag() != want {
+		t.Errorf("lag after a prompt answer %v, want %v", h.p.Lag(), want)
+	}
+}

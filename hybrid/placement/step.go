@@ -76,7 +76,7 @@ func (p *Policy) stepExact(t instant, n int, name string, k *key, idle bool, out
 	case k.fell:
 		out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
 	case !idle && t >= k.renewAt && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal):
-		k.state, k.stable, k.ttl = Asking, 0, p.cfg.ContendedTTL
+		k.state, k.stable, k.ttl = Asking, 0, p.contendedTTL()
 		out = append(out, p.ask(t, name, k, true))
 	}
 	return out
@@ -239,6 +239,7 @@ func lifeDemand(t, created instant, asked int64, floor time.Duration) float64 {
 // Answer hands the policy Redis's answer g to the Ask o, sent at sent, and
 // appends what the caller must do.
 func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
+	p.observeLag(sent, g.Answered)
 	k := p.keys[o.Key]
 	if k == nil || k.gen != o.Gen || k.state == Exact {
 		return out // the key moved on while the ask was out
@@ -270,7 +271,8 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 	shrank := k.state == Leased && g.Granted < k.granted*(1-SettledWithin)
 	k.state, k.granted, k.fair, k.contended = Leased, g.Granted, g.Fair, g.Contended
 	k.until = s.add(time.Duration(float64(g.In) * EndEarly))
-	k.renewAt = s.add(g.In / RenewDivisor)
+	// Half its lifetime, or a renewal as late as the lag lands too late.
+	k.renewAt = max(s, min(s.add(g.In/RenewDivisor), k.until.add(-LagLead*p.lag)))
 	switch {
 	case shrank:
 		// Redis counts the larger grant this ask said the key ran until
@@ -311,9 +313,27 @@ func (p *Policy) nextTTL(k *key) time.Duration {
 		// nobody wants: a long lease keeps nobody waiting.
 		return p.cfg.UncontendedTTL
 	case k.stable < SettleAfter-1:
-		return p.cfg.ContendedTTL
+		return p.contendedTTL()
 	}
-	return min(p.cfg.UncontendedTTL, k.ttl*SettledGrowth)
+	return min(p.cfg.UncontendedTTL, max(k.ttl*SettledGrowth, p.contendedTTL()))
+}
+
+// contendedTTL is the lifetime of a new or moving lease: ContendedTTL, or
+// LagTTLs lags when answers come later than that allows, up to
+// UncontendedTTL.
+func (p *Policy) contendedTTL() time.Duration {
+	return min(p.cfg.UncontendedTTL, max(p.cfg.ContendedTTL, LagTTLs*p.lag))
+}
+
+// observeLag keeps the lag of an answer handed in at answered to an ask
+// sent at sent: the worst lately, decaying by LagDecay at each answer that
+// came sooner.
+func (p *Policy) observeLag(sent, answered time.Time) {
+	lag := max(answered.Sub(sent), 0)
+	if answered.IsZero() {
+		lag = 0
+	}
+	p.lag = max(lag, time.Duration(float64(p.lag)*LagDecay))
 }
 
 // Failed tells the policy that the Ask o, sent at sent, got no answer: the

@@ -17,6 +17,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	r.writeLeastServed(&b)
 	r.writeKeyBands(&b)
 	r.writeBaselines(&b)
+	r.writeSaturated(&b)
 	fmt.Fprintf(&b, "Hybrid timing: tick %s, contended TTL %s, uncontended TTL %s, Redis timeout %s, idle after %s.\n\n",
 		r.Hybrid.Tick, r.Hybrid.ContendedTTL, r.Hybrid.UncontendedTTL, r.Hybrid.RedisTimeout, r.Hybrid.IdleAfter)
 	r.writeTargets(&b)
@@ -30,6 +31,9 @@ func (r *Report) writeResults(b *strings.Builder) {
 	if !r.Representative {
 		b.WriteString("**Not representative: every figure below was measured on an embedded in-process Redis (miniredis), " +
 			"with Redis commands counted by the clients.**\n\n")
+	}
+	if len(r.Scenarios) == 0 {
+		return // only the saturated rows ran
 	}
 	note := ""
 	if !r.Representative {

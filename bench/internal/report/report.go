@@ -230,8 +230,10 @@ type Report struct {
 	// same driver: what the machine and the driver cost a decision.
 	Baselines  []Result     `json:"latency_baselines,omitempty"`
 	ClosedLoop []ClosedLoop `json:"closed_loop"`
-	Targets    []Target     `json:"targets"`
-	Notes      []string     `json:"notes,omitempty"`
+	// Saturated are the closed-loop accuracy runs (saturating callers).
+	Saturated []Saturated `json:"saturated,omitempty"`
+	Targets   []Target    `json:"targets"`
+	Notes     []string    `json:"notes,omitempty"`
 }
 
 // HybridConfig is the timing of hybrid.Config the run used.
@@ -281,6 +283,7 @@ func (r *Report) Finish() {
 	for i := range r.Scenarios {
 		r.Scenarios[i].finish(r.Representative)
 	}
+	r.finishSaturated()
 }
 
 // finish fills res's derived fields: accuracy, commands per decision and

@@ -82,6 +82,9 @@ func (r *Report) CheckTargets() {
 		rs.keysTarget(),
 		rs.windowTarget("of a one-key scenario"),
 	}
+	if len(r.Saturated) > 0 {
+		r.Targets = append(r.Targets, r.saturatedTarget())
+	}
 }
 
 // results are the results a target is checked on: a report's, or a

@@ -439,6 +439,9 @@ type Timing struct {
 	OutageUp, Pause, Killed, Back time.Duration
 	// ClosedLoop is the length of each closed-loop run.
 	ClosedLoop time.Duration
+	// Saturated is the length of each closed-loop accuracy run, callers
+	// saturating the CPU, measured from the instances' start.
+	Saturated time.Duration
 	// Bucket is the width of the time series of admissions.
 	Bucket time.Duration
 }
@@ -448,8 +451,8 @@ func DefaultTiming() Timing {
 	return Timing{
 		Warmup: time.Second, Measure: 7 * time.Second,
 		OutageUp: 2 * time.Second, Pause: 1500 * time.Millisecond, Killed: 2500 * time.Millisecond, Back: 3 * time.Second,
-		ClosedLoop: 2 * time.Second,
-		Bucket:     100 * time.Millisecond,
+		ClosedLoop: 2 * time.Second, Saturated: 3 * time.Second,
+		Bucket: 100 * time.Millisecond,
 	}
 }
 
@@ -460,8 +463,8 @@ func QuickTiming() Timing {
 	return Timing{
 		Warmup: 400 * time.Millisecond, Measure: 800 * time.Millisecond,
 		OutageUp: 400 * time.Millisecond, Pause: 500 * time.Millisecond, Killed: 800 * time.Millisecond, Back: 800 * time.Millisecond,
-		ClosedLoop: 250 * time.Millisecond,
-		Bucket:     100 * time.Millisecond,
+		ClosedLoop: 250 * time.Millisecond, Saturated: time.Second,
+		Bucket: 100 * time.Millisecond,
 	}
 }
 
@@ -471,7 +474,7 @@ func (t Timing) Scale(f float64) Timing {
 	return Timing{
 		Warmup: m(t.Warmup), Measure: m(t.Measure),
 		OutageUp: m(t.OutageUp), Pause: m(t.Pause), Killed: m(t.Killed), Back: m(t.Back),
-		ClosedLoop: m(t.ClosedLoop), Bucket: m(t.Bucket),
+		ClosedLoop: m(t.ClosedLoop), Saturated: m(t.Saturated), Bucket: m(t.Bucket),
 	}
 }
 

@@ -384,7 +384,7 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 	}
 	// loc counts the decisions it makes (see decisionsCollector).
 	var r local.Result
-	ls.loc.AllowNTallyInto(time.Now(), key, n, local.TallyDefault, &r)
+	ls.loc.AllowNTallyInto(time.Time{}, key, n, local.TallyDefault, &r)
 	allowed, wait := r.Allowed, r.RetryAfter
 	shadow := !allowed && ls.Shadow
 	if shadow {
@@ -398,16 +398,16 @@ func (l *Limiter) decide(ctx context.Context, ls *limitEntry, key string, n int,
 // is in force here, else exactly, with one script against the key's pool in
 // Redis, or while the limit is degraded by its outage policy.
 func (l *Limiter) hybrid(ctx context.Context, ls *limitEntry, key string, n int, d *Decision, at *time.Time) error {
-	now := time.Now()
 	var r local.Result
-	// keys counts the decisions on a lease (see decisionsCollector).
-	ls.keys.AllowNTallyInto(now, key, n, local.TallyAssigned, &r)
+	// keys counts the decisions on a lease (see decisionsCollector). The
+	// zero time: the decision's, read once the key's lock is held.
+	ls.keys.AllowNTallyInto(time.Time{}, key, n, local.TallyAssigned, &r)
 	if r.Mark != 0 {
 		var e Decision
 		var err error
 		switch {
 		case ls.degraded.Load():
-			e = l.outage(ls, key, n, now)
+			e = l.outage(ls, key, n)
 		case r.Assigned:
 			e, err = l.beyondLease(ctx, ls, key, n, &r, at)
 		default:
@@ -461,15 +461,15 @@ func (l *Limiter) exceedsBurst(ls *limitEntry, n int) (Decision, error) {
 	return d, err
 }
 
-// outage is the decision on n tokens of key under ls at now by its outage
-// policy, Redis being unreachable: the local quota (FailLocal, counted by
-// loc), or admit or reject (counted here).
-func (l *Limiter) outage(ls *limitEntry, key string, n int, now time.Time) Decision {
+// outage is the decision on n tokens of key under ls by its outage policy,
+// Redis being unreachable: the local quota (FailLocal, counted by loc), or
+// admit or reject (counted here).
+func (l *Limiter) outage(ls *limitEntry, key string, n int) Decision {
 	if ls.OnOutage != FailLocal {
 		return ls.finish(l.policy(ls))
 	}
 	var r local.Result
-	ls.loc.AllowNTallyInto(now, key, n, local.TallyDefault, &r)
+	ls.loc.AllowNTallyInto(time.Time{}, key, n, local.TallyDefault, &r)
 	return ls.shade(fromLocal(r, SourceLocal))
 }
 
@@ -703,7 +703,7 @@ func (l *Limiter) global(ctx context.Context, ls *limitEntry, key string, n int,
 		// decision only: Redis is up, so only this decision follows the
 		// policy.
 	}
-	return l.outage(ls, key, n, time.Now()), nil
+	return l.outage(ls, key, n), nil
 }
 
 // Wait blocks until n tokens of key under limit are admitted, or ctx ends.

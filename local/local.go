@@ -328,6 +328,14 @@ func (l *Limiter) Allow(t time.Time, key string) Result { return l.AllowN(t, key
 // AllowN decides whether n tokens may be taken from key at time t, creating
 // the key at the default share if it is new. n must be at least 1; a smaller
 // n is denied. Deciding on an existing key does not allocate.
+//
+// The zero t means now, read once the key's lock is held: callers that
+// decide on one key from many goroutines should pass it. A time read
+// before waiting for the lock is stale by the wait; decided at it, the
+// key's bucket refills for none of the wait until a fresher time comes,
+// and then for all of it at once, and what that refill brings above the
+// burst is lost: with callers that saturate the CPU, waits of hundreds of
+// milliseconds cost the key a good part of its rate.
 func (l *Limiter) AllowN(t time.Time, key string, n int) (r Result) {
 	l.AllowNInto(t, key, n, &r)
 	return r
@@ -352,6 +360,9 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 	}
 	sh, h := l.shard(key)
 	sh.mu.Lock()
+	if t.IsZero() {
+		t = time.Now()
+	}
 	e := sh.keys.get(h, key)
 	if e == nil {
 		e = l.insert(sh, h, key, t)

@@ -455,3 +455,21 @@ func TestZeroBurstDefaultShare(t *testing.T) {
 		t.Fatalf("rank 0: %+v", r)
 	}
 }
+
+// The zero time is now, read under the key's lock: a decision made with it
+// is dated when it was made.
+func TestZeroTimeIsNow(t *testing.T) {
+	l := mustNew(t, Config{Limit: 10, Burst: 1, Instances: 1})
+	before := time.Now()
+	if r := l.AllowN(time.Time{}, "k", 1); !r.Allowed {
+		t.Fatalf("first decision at the zero time: %+v", r)
+	}
+	after := time.Now()
+	st, ok := l.Stats("k")
+	if !ok || st.LastSeen.Before(before) || st.LastSeen.After(after) {
+		t.Errorf("decided at %v, want between %v and %v", st.LastSeen, before, after)
+	}
+	if r := l.AllowN(time.Time{}, "k", 1); r.Allowed || r.RetryAfter <= 0 || r.RetryAfter > 100*time.Millisecond {
+		t.Errorf("second decision: %+v, want a denial for up to 100ms", r)
+	}
+}

@@ -251,8 +251,10 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		if k.state == Asking && !g.Stale && p.burstOf(g.Fair) >= 1 {
 			// Others hold more than their fair shares until they renew,
 			// and the record this ask left shows them what this instance
-			// wants: ask again a renewal later, deciding exactly meanwhile.
-			k.renewAt = s.add(p.cfg.ContendedTTL / RenewDivisor)
+			// wants: ask again as often as an early renewal may give
+			// back what they hold above their shares (as a starved lease
+			// does), deciding exactly meanwhile.
+			k.renewAt = p.afterTicks(s, EarlyTicks)
 			return out
 		}
 		// No grant worth running: back to exact decisions, whose takes

@@ -250,32 +250,6 @@ func PrevGen(g uint8) uint8 {
 // FirstGen is the generation, and so the mark, of a key's first decisions.
 const FirstGen uint8 = 1
 
-// key is the state of one key that left its first exact placement.
-type key struct {
-	state State
-	gen   uint8 // of the state: an exact key's mark, an ask's or a lease's generation
-	// demand is the key's measured demand here, tokens per second: an
-	// average of its rates between looks, weighted over ContendedTTL,
-	// that drops at once when the traffic does (see observe).
-	demand    float64
-	now       float64 // demand now, what its wants ask for: an average like demand that a fall resets
-	asked     int64   // Stats.Asked when demand was last updated
-	seenAt    instant // when demand was last updated
-	asked0    int64   // ... and at the update before
-	seenAt0   instant
-	granted   float64 // the grant in force (Leased)
-	fair      float64 // this instance's fair share in the last answer; 0 before one
-	want      float64 // of the last ask
-	ttl       time.Duration
-	until     instant // Leased: when the grant ends here
-	renewAt   instant // Leased: when the next renewal is due; Exact: not before then may it ask
-	sentAt    instant // when the last ask went out
-	total     float64 // the demand of the key's instances in the last answer (Grant.Demand)
-	stable    uint8   // renewals in a row that moved the grant by at most SettledWithin, and the demand by at most DemandWithin
-	contended bool
-	fell      bool // the last look found the traffic fallen below the demand now
-}
-
 // Policy is the placement policy of one Hybrid limit. It is not safe for
 // concurrent use: the lease loop owns it.
 type Policy struct {
@@ -309,7 +283,8 @@ func (p *Policy) Resettle(now time.Time) {
 	t := p.instant(now)
 	for _, k := range p.keys {
 		if k.state == Leased {
-			k.renewAt, k.stable, k.ttl = t, 0, p.cfg.ContendedTTL
+			k.renewAt, k.ttl = floorClock(t), 0
+			k.setStable(0)
 		}
 	}
 }

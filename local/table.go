@@ -41,9 +41,12 @@ const (
 	// minSlots is the length of a table's first slots.
 	minSlots = 8
 	// maxLoadNum/maxLoadDen is the fraction of the slots a table fills
-	// before it doubles: linear probing stays short (2.5 probes for a key
-	// held, on average) up to three quarters.
-	maxLoadNum, maxLoadDen = 3, 4
+	// before it doubles. Slots of 8 bytes keep linear probing within a
+	// cache line or two up to seven eighths: 4.5 probes for a key held at
+	// most, on average (36 bytes), 32 for a new key (256 bytes, read in
+	// order). Deciding on 200 000 keys takes a few ns more than at three
+	// quarters, and 10 bytes a key less.
+	maxLoadNum, maxLoadDen = 7, 8
 	// A page holds pageSize entries (6 KB), but the first, which starts
 	// at minPage and doubles as it fills: a shard of a few keys takes a
 	// few entries' memory, and one of many wastes at most the part of its

@@ -6,35 +6,40 @@ import (
 )
 
 // key is the state of one key that left its first exact placement. It is
-// held for every such key, so it is kept to 80 bytes (a size class of its
-// own; TestKeySize guards it), where plain fields would take 128:
+// held, in the policy's table, for every such key, so it is kept to 88
+// bytes (TestKeySize guards it), where plain fields would take 144:
 //   - the demands and the grant, which are averaged or sent back to Redis
 //     (Running), are float64; what is only compared with thresholds (the
 //     fair share, the want, the demand of the key's instances) is
 //     float32, a relative error of 6e-8 against margins of 10% or more;
-//   - the look before the last is kept as a difference of tokens
-//     (asked0);
+//   - the tokens asked for are kept modulo 2^32, and the look before the
+//     last as differences from the last (see asked, asked0 and gap0);
 //   - the schedule (grant's end, renewal, last ask) is kept to the
 //     millisecond (see clock), the ends of grants rounded up, so that a
 //     renewal never tells Redis a grant ends before it ends here;
 //   - the lease's lifetime is a step (see ttlStep), the flags are bits.
 type key struct {
+	name string
 	// demand is the key's measured demand here, tokens per second: an
 	// average of its rates between looks, weighted over ContendedTTL,
 	// that drops at once when the traffic does (see observe).
 	demand  float64
 	now     float64 // demand now, what its wants ask for: an average like demand that a fall resets
 	granted float64 // the grant in force (Leased)
-	asked   int64   // Stats.Asked when demand was last updated
 	seenAt  instant // when demand was last updated
-	seenAt0 instant // ... and at the update before
 	fair    float32 // this instance's fair share in the last answer; 0 before one
 	want    float32 // of the last ask
 	total   float32 // the demand of the key's instances in the last answer (Grant.Demand)
-	// asked0 is asked less Stats.Asked at the update before, up to
-	// 2^32-1: beyond (4 billion tokens between two looks), a rise or a
-	// fall is judged on that many.
+	// asked is Stats.Asked when demand was last updated, modulo 2^32: the
+	// tokens asked for between two looks, its difference with the next,
+	// are right up to 2^32-1 (4 billion tokens in a tick).
+	asked uint32
+	// asked0 and gap0 are the tokens asked for and the time, in ns,
+	// between the update before the last and the last, which the rise
+	// and fall are judged over. A gap0 of 0 says there is no update
+	// before, as does one of over 4.29 s (the loop looks every tick).
 	asked0  uint32
+	gap0    uint32
 	until   clock // Leased: when the grant ends here, rounded up
 	renewAt clock // Leased: when the next renewal is due; Exact: not before then may it ask
 	sentAt  clock // when the last ask went out

@@ -255,8 +255,8 @@ const FirstGen uint8 = 1
 type Policy struct {
 	cfg   Config
 	epoch time.Time // instants count from here
-	keys  map[string]*key
-	peak  int // the most keys since the map was last rebuilt (see Compact)
+	keys  table
+	peak  int // the most keys since the table was last packed (see Compact)
 	// degraded: Redis is taken to be unreachable; nothing is sent, and
 	// leases run out into the exact placement (where decisions follow the
 	// outage policy).
@@ -265,7 +265,7 @@ type Policy struct {
 
 // New returns the policy of a limit.
 func New(cfg Config) *Policy {
-	return &Policy{cfg: cfg, keys: make(map[string]*key)}
+	return &Policy{cfg: cfg, keys: newTable()}
 }
 
 // SetLimit changes the limit's rate and burst; every lease renews at now.
@@ -281,40 +281,37 @@ func (p *Policy) SetDegraded(on bool) { p.degraded = on }
 // changed, and the fair shares with it.
 func (p *Policy) Resettle(now time.Time) {
 	t := p.instant(now)
-	for _, k := range p.keys {
+	p.keys.each(func(k *key) {
 		if k.state == Leased {
 			k.renewAt, k.ttl = floorClock(t), 0
 			k.setStable(0)
 		}
-	}
+	})
 }
 
 // Compact gives back the memory of keys forgotten since the policy tracked
-// the most (a Go map never shrinks): once fewer than a quarter of that
-// many are left, the map is built anew. The loop calls it after evicting
-// idle keys.
+// the most (the table reuses their places but never shrinks by itself):
+// once fewer than a quarter of that many are left, the table is packed.
+// The loop calls it after evicting idle keys.
 func (p *Policy) Compact() {
-	if p.peak < compactFrom || len(p.keys) >= p.peak/4 {
+	if p.peak < compactFrom || p.keys.n >= p.peak/4 {
 		return
 	}
-	keys := make(map[string]*key, len(p.keys))
-	for name, k := range p.keys {
-		keys[name] = k
-	}
-	p.keys, p.peak = keys, len(keys)
+	p.keys.pack()
+	p.peak = p.keys.n
 }
 
-// compactFrom is the fewest keys a map must have held for Compact to
-// rebuild it: below, the memory is not worth the copy.
+// compactFrom is the fewest keys a table must have held for Compact to
+// pack it: below, the memory is not worth the copy.
 const compactFrom = 64
 
 // Len returns the number of keys the policy tracks: those that left their
 // first exact placement, until they are forgotten.
-func (p *Policy) Len() int { return len(p.keys) }
+func (p *Policy) Len() int { return p.keys.n }
 
 // State returns where key stands and its generation.
 func (p *Policy) State(key string) (State, uint8) {
-	if k := p.keys[key]; k != nil {
+	if k := p.keys.get(key); k != nil {
 		return k.state, k.gen
 	}
 	return Exact, FirstGen

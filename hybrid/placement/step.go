@@ -105,7 +105,7 @@ func (p *Policy) stepAsking(t instant, n int, name string, k *key, idle bool, ou
 // the policy remembers nothing of it until it is, and its demand is its
 // life's.
 func (p *Policy) track(t instant, n int, st *Stats) *key {
-	if k := p.keys[st.Key]; k != nil {
+	if k := p.keys.get(st.Key); k != nil {
 		k.observe(t, st.Asked, p.cfg.ContendedTTL)
 		k.ageClocks(t)
 		return k
@@ -117,9 +117,10 @@ func (p *Policy) track(t instant, n int, st *Stats) *key {
 	// Its clocks start at the epoch, as if it had asked then, or as long
 	// before t as they are kept (see ageClocks).
 	c := floorClock(max(t.add(-clockAge), 0))
-	k := &key{state: Exact, gen: FirstGen, demand: d, now: d, asked: st.Asked, seenAt: t, until: c, renewAt: c, sentAt: c}
-	p.keys[st.Key] = k
-	p.peak = max(p.peak, len(p.keys))
+	k := p.keys.put(st.Key)
+	k.state, k.gen, k.demand, k.now, k.asked, k.seenAt = Exact, FirstGen, d, d, uint32(st.Asked), t
+	k.until, k.renewAt, k.sentAt = c, c, c
+	p.peak = max(p.peak, p.keys.n)
 	return k
 }
 
@@ -211,16 +212,19 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	if dt <= 0 {
 		return
 	}
-	rate := float64(max(0, asked-k.asked)) / dt.Seconds()
+	// The tokens since the last update: Stats.Asked only grows.
+	d := int64(uint32(asked) - k.asked)
+	rate := float64(d) / dt.Seconds()
 	a := math.Exp(-float64(dt) / float64(tau))
 	k.demand = k.demand*a + rate*(1-a)
 	k.now = k.now*a + rate*(1-a)
 	k.setFell(false)
-	if span := t.sub(k.seenAt0); k.seenAt0 != 0 && span > 0 {
+	if k.gap0 != 0 {
+		span := dt + time.Duration(k.gap0)
 		// Each average is judged against the tokens it would have
 		// brought: a clump after a quiet spell raises the demand now,
 		// not the demand, unless it is far above the demand too.
-		saw, seen := float64(max(0, asked-k.asked+int64(k.asked0))), span.Seconds()
+		saw, seen := float64(d+int64(k.asked0)), span.Seconds()
 		if saw >= FallTokens && saw > RiseAbove*k.demand*seen {
 			k.demand = saw / seen
 		}
@@ -233,8 +237,11 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 			k.setFell(true)
 		}
 	}
-	k.asked0, k.seenAt0 = uint32(min(max(0, asked-k.asked), math.MaxUint32)), k.seenAt
-	k.asked, k.seenAt = asked, t
+	k.asked0, k.gap0 = uint32(d), 0
+	if k.seenAt != 0 && dt <= math.MaxUint32 {
+		k.gap0 = uint32(dt)
+	}
+	k.asked, k.seenAt = uint32(asked), t
 }
 
 // lifeDemand is the demand of a key first decided at created that asked
@@ -247,7 +254,7 @@ func lifeDemand(t, created instant, asked int64, floor time.Duration) float64 {
 // Answer hands the policy Redis's answer g to the Ask o, sent at sent, and
 // appends what the caller must do.
 func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
-	k := p.keys[o.Key]
+	k := p.keys.get(o.Key)
 	if k == nil || k.gen != o.Gen || k.state == Exact {
 		return out // the key moved on while the ask was out
 	}
@@ -329,7 +336,7 @@ func (p *Policy) nextTTL(k *key) ttlStep {
 // Failed tells the policy that the Ask o, sent at sent, got no answer: the
 // key keeps what it runs and asks again at the next tick.
 func (p *Policy) Failed(sent time.Time, o *Out) {
-	if k := p.keys[o.Key]; k != nil && k.gen == o.Gen && k.state != Exact {
+	if k := p.keys.get(o.Key); k != nil && k.gen == o.Gen && k.state != Exact {
 		k.renewAt = floorClock(p.instant(sent)) // due again at once
 	}
 }
@@ -343,7 +350,7 @@ func (p *Policy) Failed(sent time.Time, o *Out) {
 // instance left.
 func (p *Policy) Release(name string, mark uint8) Out {
 	g := mark
-	if k := p.keys[name]; k != nil && newer(k.gen, g) {
+	if k := p.keys.get(name); k != nil && newer(k.gen, g) {
 		g = k.gen
 	}
 	return Out{Kind: Release, Key: name, Gen: NextGen(g)}
@@ -359,16 +366,17 @@ func newer(a, b uint8) bool {
 // Forget drops key, which the local limiter evicted (idle), appending the
 // release of its record if it held or asked for a lease.
 func (p *Policy) Forget(name string, out []Out) []Out {
-	k := p.keys[name]
+	k := p.keys.get(name)
 	if k == nil {
 		return out
 	}
-	delete(p.keys, name)
+	state, gen := k.state, k.gen
+	p.keys.remove(name)
 	switch {
 	case p.degraded:
-	case k.state == Leased || k.state == Asking:
+	case state == Leased || state == Asking:
 		// The local limiter has forgotten the key: it runs nothing.
-		out = append(out, Out{Kind: Release, Key: name, Gen: NextGen(k.gen)})
+		out = append(out, Out{Kind: Release, Key: name, Gen: NextGen(gen)})
 	}
 	return out
 }

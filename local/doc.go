@@ -17,9 +17,10 @@
 // for step the same arithmetic (the same admissions and the same tokens, to
 // the bit), its times kept as offsets like the key's. A decision on a hot key
 // costs about what a bare rate.Limiter's AllowN costs. Deciding on an
-// existing key allocates nothing. A key takes about 1.2 times the memory of
-// a bare map[string]*rate.Limiter entry (see BenchmarkMemory). Idle keys are
-// evicted by EvictIdle, so memory follows the active keys.
+// existing key allocates nothing. A key takes about the memory of a bare
+// map[string]*rate.Limiter entry (see BenchmarkMemory): keys are held by
+// value, in pages, found through slots of 8 bytes. Idle keys are evicted by
+// EvictIdle, so memory follows the active keys.
 //
 // Every bucket is fed a time that never moves backwards: x/time/rate
 // over-admits when concurrent callers hand it timestamps out of order

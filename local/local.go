@@ -239,15 +239,15 @@ type shard struct {
 	// The first 64 bytes (mu, counts, base) are what a decision writes;
 	// keys, on the second line, it only reads unless it inserts.
 	keys table // guarded by mu
-	_    [32]byte
 	// 128 bytes in all: shards sit on cache lines of their own.
 }
 
-// An entry is one key. Its times are offsets from the shard's base, 8 bytes
-// each where a time.Time takes 24, which keeps the entry in the 96-byte
-// size class: b takes 32 bytes, key 16, the five int64 fields 40 and the
-// flags 8. Another field moves it to the next class (112 bytes);
-// TestEntrySize guards it. Every field is guarded by the shard's mu.
+// An entry is one key, held by value in its shard's table. Its times are
+// offsets from the shard's base, 8 bytes each where a time.Time takes 24,
+// which keeps the entry at 96 bytes: b takes 32 bytes, key 16, the five
+// int64 fields 40 and the flags 8. Another field takes 8 bytes more on
+// every key; TestEntrySize guards it. Every field is guarded by the
+// shard's mu.
 type entry struct {
 	b         bucket // by value: one allocation per key, not two
 	key       string
@@ -471,8 +471,8 @@ func (l *Limiter) insert(sh *shard, h uint64, key string, t time.Time) *entry {
 	p := l.params.Load()
 	def := p.def
 	now := t.Sub(sh.base)
-	e := &entry{b: newBucket(def, now), key: key, last: now, created: now, seen: now, mark: p.mark}
-	sh.keys.put(h, e)
+	e := sh.keys.put(h)
+	*e = entry{b: newBucket(def, now), key: key, last: now, created: now, seen: now, mark: p.mark}
 	return e
 }
 

@@ -267,39 +267,13 @@ func PrevGen(g uint8) uint8 {
 // FirstGen is the generation, and so the mark, of a key's first decisions.
 const FirstGen uint8 = 1
 
-// key is the state of one key that left its first exact placement.
-type key struct {
-	state State
-	gen   uint8 // of the state: an exact key's mark, an ask's or a lease's generation
-	// demand is the key's measured demand here, tokens per second: an
-	// average of its rates between looks, weighted over ContendedTTL,
-	// that drops at once when the traffic does (see observe).
-	demand    float64
-	now       float64 // demand now, what its wants ask for: an average like demand that a fall resets
-	asked     int64   // Stats.Asked when demand was last updated
-	seenAt    instant // when demand was last updated
-	asked0    int64   // ... and at the update before
-	seenAt0   instant
-	granted   float64 // the grant in force (Leased)
-	fair      float64 // this instance's fair share in the last answer; 0 before one
-	want      float64 // of the last ask
-	ttl       time.Duration
-	until     instant // Leased: when the grant ends here
-	renewAt   instant // Leased: when the next renewal is due; Exact: not before then may it ask
-	sentAt    instant // when the last ask went out
-	total     float64 // the demand of the key's instances in the last answer (Grant.Demand)
-	stable    uint8   // renewals in a row that moved the grant by at most SettledWithin, and the demand by at most DemandWithin
-	contended bool
-	fell      bool // the last look found the traffic fallen below the demand now
-}
-
 // Policy is the placement policy of one Hybrid limit. It is not safe for
 // concurrent use: the lease loop owns it.
 type Policy struct {
 	cfg   Config
 	epoch time.Time // instants count from here
-	keys  map[string]*key
-	peak  int // the most keys since the map was last rebuilt (see Compact)
+	keys  table
+	peak  int // the most keys since the table was last packed (see Compact)
 	// degraded: Redis is taken to be unreachable; nothing is sent, and
 	// leases run out into the exact placement (where decisions follow the
 	// outage policy).
@@ -311,7 +285,7 @@ type Policy struct {
 
 // New returns the policy of a limit.
 func New(cfg Config) *Policy {
-	return &Policy{cfg: cfg, keys: make(map[string]*key)}
+	return &Policy{cfg: cfg, keys: newTable()}
 }
 
 // SetLimit changes the limit's rate and burst; every lease renews at now.
@@ -327,30 +301,28 @@ func (p *Policy) SetDegraded(on bool) { p.degraded = on }
 // changed, and the fair shares with it.
 func (p *Policy) Resettle(now time.Time) {
 	t := p.instant(now)
-	for _, k := range p.keys {
+	p.keys.each(func(k *key) {
 		if k.state == Leased {
-			k.renewAt, k.stable, k.ttl = t, 0, p.contendedTTL()
+			k.renewAt, k.ttl = floorClock(t), 0
+			k.setStable(0)
 		}
-	}
+	})
 }
 
 // Compact gives back the memory of keys forgotten since the policy tracked
-// the most (a Go map never shrinks): once fewer than a quarter of that
-// many are left, the map is built anew. The loop calls it after evicting
-// idle keys.
+// the most (the table reuses their places but never shrinks by itself):
+// once fewer than a quarter of that many are left, the table is packed.
+// The loop calls it after evicting idle keys.
 func (p *Policy) Compact() {
-	if p.peak < compactFrom || len(p.keys) >= p.peak/4 {
+	if p.peak < compactFrom || p.keys.n >= p.peak/4 {
 		return
 	}
-	keys := make(map[string]*key, len(p.keys))
-	for name, k := range p.keys {
-		keys[name] = k
-	}
-	p.keys, p.peak = keys, len(keys)
+	p.keys.pack()
+	p.peak = p.keys.n
 }
 
-// compactFrom is the fewest keys a map must have held for Compact to
-// rebuild it: below, the memory is not worth the copy.
+// compactFrom is the fewest keys a table must have held for Compact to
+// pack it: below, the memory is not worth the copy.
 const compactFrom = 64
 
 // Lag returns the worst time lately from an ask to its answer.
@@ -358,11 +330,11 @@ func (p *Policy) Lag() time.Duration { return p.lag }
 
 // Len returns the number of keys the policy tracks: those that left their
 // first exact placement, until they are forgotten.
-func (p *Policy) Len() int { return len(p.keys) }
+func (p *Policy) Len() int { return p.keys.n }
 
 // State returns where key stands and its generation.
 func (p *Policy) State(key string) (State, uint8) {
-	if k := p.keys[key]; k != nil {
+	if k := p.keys.get(key); k != nil {
 		return k.state, k.gen
 	}
 	return Exact, FirstGen

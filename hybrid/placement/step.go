@@ -31,7 +31,7 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 	if k == nil {
 		return out
 	}
-	if k.state == Leased && t >= k.until {
+	if k.state == Leased && t >= k.until.at(t) {
 		// The grant ran out before a renewal was answered: the local
 		// limiter has marked the key already (Assign's Gen).
 		out = p.toExact(k, st.Key, out)
@@ -48,19 +48,19 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 	}
 	if g != nil {
 		g.Leased += k.granted
-		if k.contended {
+		if k.contended() {
 			g.Contended++
 		}
 	}
 	switch {
-	case idle || !p.worth(k.demand, p.fairOf(k, n), k.ttl, LeaveBurst, LeaveRenewal):
+	case idle || !p.worth(k.demand, p.fairOf(k, n), p.ttlOf(k.ttl), LeaveBurst, LeaveRenewal):
 		// Exact first, then the release: the key runs nothing locally
 		// by the time its record goes.
 		out = p.toExact(k, st.Key, out)
 		if !p.degraded {
 			out = append(out, Out{Kind: Release, Key: st.Key, Gen: k.gen})
 		}
-	case !p.degraded && (t >= k.renewAt || p.early(t, k)):
+	case !p.degraded && (t >= k.renewAt.at(t) || p.early(t, k)):
 		out = append(out, p.ask(t, st.Key, k, false))
 	}
 	return out
@@ -73,10 +73,11 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 func (p *Policy) stepExact(t instant, n int, name string, k *key, idle bool, out []Out) []Out {
 	switch {
 	case p.degraded:
-	case k.fell:
+	case k.fell():
 		out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
-	case !idle && t >= k.renewAt && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal):
-		k.state, k.stable, k.ttl = Asking, 0, p.contendedTTL()
+	case !idle && t >= k.renewAt.at(t) && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal):
+		k.state, k.ttl = Asking, 0
+		k.setStable(0)
 		out = append(out, p.ask(t, name, k, true))
 	}
 	return out
@@ -90,10 +91,10 @@ func (p *Policy) stepExact(t instant, n int, name string, k *key, idle bool, out
 func (p *Policy) stepAsking(t instant, n int, name string, k *key, idle bool, out []Out) []Out {
 	switch {
 	case p.degraded:
-	case k.fell || idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
+	case k.fell() || idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
 		out = p.toExact(k, name, out)
 		out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
-	case t >= k.renewAt:
+	case t >= k.renewAt.at(t):
 		out = append(out, p.ask(t, name, k, true))
 	}
 	return out
@@ -104,17 +105,22 @@ func (p *Policy) stepAsking(t instant, n int, name string, k *key, idle bool, ou
 // the policy remembers nothing of it until it is, and its demand is its
 // life's.
 func (p *Policy) track(t instant, n int, st *Stats) *key {
-	if k := p.keys[st.Key]; k != nil {
+	if k := p.keys.get(st.Key); k != nil {
 		k.observe(t, st.Asked, p.cfg.ContendedTTL)
+		k.ageClocks(t)
 		return k
 	}
 	d := lifeDemand(t, p.instant(st.Created), st.Asked, p.cfg.Tick)
 	if p.degraded || st.Asked < MinTokens || !p.worth(d, p.cfg.Rate/float64(max(n, 1)), p.cfg.ContendedTTL, EnterBurst, EnterRenewal) {
 		return nil
 	}
-	k := &key{state: Exact, gen: FirstGen, demand: d, now: d, asked: st.Asked, seenAt: t}
-	p.keys[st.Key] = k
-	p.peak = max(p.peak, len(p.keys))
+	// Its clocks start at the epoch, as if it had asked then, or as long
+	// before t as they are kept (see ageClocks).
+	c := floorClock(max(t.add(-clockAge), 0))
+	k := p.keys.put(st.Key)
+	k.state, k.gen, k.demand, k.now, k.asked, k.seenAt = Exact, FirstGen, d, d, uint32(st.Asked), t
+	k.until, k.renewAt, k.sentAt = c, c, c
+	p.peak = max(p.peak, p.keys.n)
 	return k
 }
 
@@ -134,7 +140,7 @@ func (p *Policy) worth(d, fair float64, ttl time.Duration, burstAt, renewalAt fl
 // has.
 func (p *Policy) fairOf(k *key, n int) float64 {
 	if k.fair > 0 {
-		return k.fair
+		return float64(k.fair)
 	}
 	return p.cfg.Rate / float64(max(n, 1))
 }
@@ -142,18 +148,18 @@ func (p *Policy) fairOf(k *key, n int) float64 {
 // early reports whether a leased key's demand moved enough since its last
 // ask to renew before its time (see Shrink, Grow).
 func (p *Policy) early(t instant, k *key) bool {
-	if t.sub(k.sentAt) < EarlyTicks*p.cfg.Tick {
+	if t.sub(k.sentAt.at(t)) < EarlyTicks*p.cfg.Tick {
 		return false
 	}
 	w := p.want(k.now)
-	if !k.contended {
+	if !k.contended() {
 		// What it holds above its want is surplus nobody asked for:
 		// nothing to free.
 		return w > k.granted
 	}
 	// A want that grew may get more; a grant it no longer uses goes to
 	// the others.
-	return w < k.granted*Shrink || w > k.want*Grow
+	return w < k.granted*Shrink || w > float64(k.want)*Grow
 }
 
 // want is what a key of demand d asks for.
@@ -169,10 +175,11 @@ func (p *Policy) ask(t instant, name string, k *key, drain bool) Out {
 	// that Redis runs after a later one is stale there, and the mark a
 	// grant ends into (the one after its ask's) is never an ask's.
 	k.gen = NextGen(NextGen(k.gen))
-	k.want, k.sentAt = p.want(k.now), t
-	o := Out{Kind: Ask, Key: name, Gen: k.gen, Want: k.want, TTL: k.ttl, Drain: drain}
-	if k.state == Leased && k.until > t {
-		o.Running, o.RunningFor = k.granted, k.until.sub(t)
+	want := p.want(k.now)
+	k.want, k.sentAt = float32(want), floorClock(t)
+	o := Out{Kind: Ask, Key: name, Gen: k.gen, Want: want, TTL: p.ttlOf(k.ttl), Drain: drain}
+	if until := k.until.at(t); k.state == Leased && until > t {
+		o.Running, o.RunningFor = k.granted, until.sub(t)
 	}
 	return o
 }
@@ -186,8 +193,9 @@ func (p *Policy) toExact(k *key, name string, out []Out) []Out {
 		// For a lease, the mark its Assign gave the grant's end.
 		k.gen = NextGen(k.gen)
 	}
-	k.state, k.granted, k.stable = Exact, 0, 0
-	k.renewAt = k.sentAt.add(p.cfg.ContendedTTL / RenewDivisor)
+	k.state, k.granted = Exact, 0
+	k.setStable(0)
+	k.renewAt = floorClock(k.sentAt.at(k.seenAt).add(p.cfg.ContendedTTL / RenewDivisor))
 	return append(out, Out{Kind: Mark, Key: name, Gen: k.gen})
 }
 
@@ -204,16 +212,19 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 	if dt <= 0 {
 		return
 	}
-	rate := float64(max(0, asked-k.asked)) / dt.Seconds()
+	// The tokens since the last update: Stats.Asked only grows.
+	d := int64(uint32(asked) - k.asked)
+	rate := float64(d) / dt.Seconds()
 	a := math.Exp(-float64(dt) / float64(tau))
 	k.demand = k.demand*a + rate*(1-a)
 	k.now = k.now*a + rate*(1-a)
-	k.fell = false
-	if span := t.sub(k.seenAt0); k.seenAt0 != 0 && span > 0 {
+	k.setFell(false)
+	if k.gap0 != 0 {
+		span := dt + time.Duration(k.gap0)
 		// Each average is judged against the tokens it would have
 		// brought: a clump after a quiet spell raises the demand now,
 		// not the demand, unless it is far above the demand too.
-		saw, seen := float64(max(0, asked-k.asked0)), span.Seconds()
+		saw, seen := float64(d+int64(k.asked0)), span.Seconds()
 		if saw >= FallTokens && saw > RiseAbove*k.demand*seen {
 			k.demand = saw / seen
 		}
@@ -222,11 +233,15 @@ func (k *key) observe(t instant, asked int64, tau time.Duration) {
 		case saw >= FallTokens && saw > RiseAbove*expected:
 			k.now = saw / seen
 		case expected >= FallTokens && saw < FallBelow*expected:
-			k.now, k.fell = saw/seen, true
+			k.now = saw / seen
+			k.setFell(true)
 		}
 	}
-	k.asked0, k.seenAt0 = k.asked, k.seenAt
-	k.asked, k.seenAt = asked, t
+	k.asked0, k.gap0 = uint32(d), 0
+	if k.seenAt != 0 && dt <= math.MaxUint32 {
+		k.gap0 = uint32(dt)
+	}
+	k.asked, k.seenAt = uint32(asked), t
 }
 
 // lifeDemand is the demand of a key first decided at created that asked
@@ -240,21 +255,21 @@ func lifeDemand(t, created instant, asked int64, floor time.Duration) float64 {
 // appends what the caller must do.
 func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 	p.observeLag(sent, g.Answered)
-	k := p.keys[o.Key]
+	k := p.keys.get(o.Key)
 	if k == nil || k.gen != o.Gen || k.state == Exact {
 		return out // the key moved on while the ask was out
 	}
 	s := p.instant(sent)
 	burst := p.burstOf(g.Granted)
 	if g.Stale || burst < 1 {
-		k.fair = g.Fair
+		k.fair = float32(g.Fair)
 		if k.state == Asking && !g.Stale && p.burstOf(g.Fair) >= 1 {
 			// Others hold more than their fair shares until they renew,
 			// and the record this ask left shows them what this instance
 			// wants: ask again as often as an early renewal may give
 			// back what they hold above their shares (as a starved lease
 			// does), deciding exactly meanwhile.
-			k.renewAt = p.afterTicks(s, EarlyTicks)
+			k.renewAt = floorClock(p.afterTicks(s, EarlyTicks))
 			return out
 		}
 		// No grant worth running: back to exact decisions, whose takes
@@ -262,34 +277,36 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		return p.toExact(k, o.Key, out)
 	}
 	if k.state == Leased && math.Abs(g.Granted-k.granted) <= SettledWithin*k.granted &&
-		math.Abs(g.Demand-k.total) <= DemandWithin*k.total {
-		k.stable = min(k.stable+1, math.MaxUint8)
+		math.Abs(g.Demand-float64(k.total)) <= DemandWithin*float64(k.total) {
+		k.setStable(k.stable() + 1)
 	} else {
 		// The grant moved, or the others' demand did: it may move
 		// again soon, as a pulse elsewhere ends.
-		k.stable = 0
+		k.setStable(0)
 	}
-	k.total = g.Demand
+	k.total = float32(g.Demand)
 	shrank := k.state == Leased && g.Granted < k.granted*(1-SettledWithin)
-	k.state, k.granted, k.fair, k.contended = Leased, g.Granted, g.Fair, g.Contended
-	k.until = s.add(time.Duration(float64(g.In) * EndEarly))
+	k.state, k.granted, k.fair = Leased, g.Granted, float32(g.Fair)
+	k.setContended(g.Contended)
+	until := s.add(time.Duration(float64(g.In) * EndEarly))
 	// Half its lifetime, or a renewal as late as the lag lands too late.
-	k.renewAt = max(s, min(s.add(g.In/RenewDivisor), k.until.add(-LagLead*p.lag)))
+	renewAt := max(s, min(s.add(g.In/RenewDivisor), until.add(-LagLead*p.lag)))
 	switch {
 	case shrank:
 		// Redis counts the larger grant this ask said the key ran until
 		// that grant ends: say at the next tick that it runs the smaller
 		// one, so that what it gave up goes to the others at once.
-		k.renewAt = p.afterTicks(s, 1)
-	case g.Granted < math.Min(g.Fair, k.want)*Starved:
+		renewAt = p.afterTicks(s, 1)
+	case g.Granted < math.Min(g.Fair, float64(k.want))*Starved:
 		// Others hold more than their fair shares until they renew,
 		// early when their traffic fell: ask again as often as an early
 		// renewal may come, for what they give back.
-		k.renewAt = min(k.renewAt, p.afterTicks(s, EarlyTicks))
+		renewAt = min(renewAt, p.afterTicks(s, EarlyTicks))
 	}
+	k.until, k.renewAt = ceilClock(until), floorClock(renewAt)
 	k.ttl = p.nextTTL(k)
 	return append(out, Out{Kind: Assign, Key: o.Key, Gen: NextGen(k.gen), Rate: g.Granted, Burst: int(burst),
-		Until: p.time(k.until), Give: g.Drained})
+		Until: p.time(until), Give: g.Drained})
 }
 
 // afterTicks is a renewal time due at the n-th tick after s, the time of
@@ -308,21 +325,21 @@ func (p *Policy) burstOf(r float64) float64 {
 // for an uncontended key; for a contended one ContendedTTL until its lease
 // has settled, then growing SettledGrowth times a renewal up to
 // UncontendedTTL.
-func (p *Policy) nextTTL(k *key) time.Duration {
+func (p *Policy) nextTTL(k *key) ttlStep {
 	switch {
-	case !k.contended:
+	case !k.contended():
 		// Its grant leaves every other instance its share of what
 		// nobody wants: a long lease keeps nobody waiting.
-		return p.cfg.UncontendedTTL
-	case k.stable < SettleAfter-1:
-		return p.contendedTTL()
+		return ttlLongest
+	case k.stable() < SettleAfter-1:
+		return 0
 	}
-	return min(p.cfg.UncontendedTTL, max(k.ttl*SettledGrowth, p.contendedTTL()))
+	return p.grown(k.ttl)
 }
 
-// contendedTTL is the lifetime of a new or moving lease: ContendedTTL, or
-// LagTTLs lags when answers come later than that allows, up to
-// UncontendedTTL.
+// contendedTTL is the lifetime of a new or moving lease (step 0):
+// ContendedTTL, or LagTTLs lags when answers come later than that allows,
+// up to UncontendedTTL.
 func (p *Policy) contendedTTL() time.Duration {
 	return min(p.cfg.UncontendedTTL, max(p.cfg.ContendedTTL, LagTTLs*p.lag))
 }
@@ -341,8 +358,8 @@ func (p *Policy) observeLag(sent, answered time.Time) {
 // Failed tells the policy that the Ask o, sent at sent, got no answer: the
 // key keeps what it runs and asks again at the next tick.
 func (p *Policy) Failed(sent time.Time, o *Out) {
-	if k := p.keys[o.Key]; k != nil && k.gen == o.Gen && k.state != Exact {
-		k.renewAt = p.instant(sent) // due again at once
+	if k := p.keys.get(o.Key); k != nil && k.gen == o.Gen && k.state != Exact {
+		k.renewAt = floorClock(p.instant(sent)) // due again at once
 	}
 }
 
@@ -355,7 +372,7 @@ func (p *Policy) Failed(sent time.Time, o *Out) {
 // instance left.
 func (p *Policy) Release(name string, mark uint8) Out {
 	g := mark
-	if k := p.keys[name]; k != nil && newer(k.gen, g) {
+	if k := p.keys.get(name); k != nil && newer(k.gen, g) {
 		g = k.gen
 	}
 	return Out{Kind: Release, Key: name, Gen: NextGen(g)}
@@ -371,16 +388,17 @@ func newer(a, b uint8) bool {
 // Forget drops key, which the local limiter evicted (idle), appending the
 // release of its record if it held or asked for a lease.
 func (p *Policy) Forget(name string, out []Out) []Out {
-	k := p.keys[name]
+	k := p.keys.get(name)
 	if k == nil {
 		return out
 	}
-	delete(p.keys, name)
+	state, gen := k.state, k.gen
+	p.keys.remove(name)
 	switch {
 	case p.degraded:
-	case k.state == Leased || k.state == Asking:
+	case state == Leased || state == Asking:
 		// The local limiter has forgotten the key: it runs nothing.
-		out = append(out, Out{Kind: Release, Key: name, Gen: NextGen(k.gen)})
+		out = append(out, Out{Kind: Release, Key: name, Gen: NextGen(gen)})
 	}
 	return out
 }

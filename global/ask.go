@@ -86,6 +86,14 @@ type LeaseAsk struct {
 	// instance (LeaseGrant.Drained), so that what the pool held for its
 	// traffic goes on in its local bucket instead of staying behind.
 	Drain bool
+	// Recorded says the instance holds a record of the key in Redis that
+	// its last answered ask left, which lives yet and which it did not
+	// release (a lease, or an ask granted too little to run): Redis
+	// finding no record of the instance has lost it, and perhaps the
+	// others' too, as when Running is above 0 (see LeaseGrant.Lost). An
+	// instance that runs nothing still proves the loss this way, before
+	// its ask is granted what a lease Redis forgot still runs.
+	Recorded bool
 	// YoungFor is how long another instance's demand on the key must have
 	// lasted (since its first record, whichever placement it is in) for
 	// its want to count in this grant's fair share: a shorter pulse, which
@@ -186,6 +194,7 @@ func (a *LeaseAsk) args() []any {
 		flag(a.Drain),
 		flag(a.Release),
 		strconv.FormatInt(int64(a.YoungFor/time.Microsecond), 10),
+		flag(a.Recorded),
 	}
 }
 

@@ -20,6 +20,9 @@
 -- ARGV[13] young_us (>= 0): the other instances' records younger than
 --          this (born_us) do not count in the fair shares: their demand
 --          may end before a cut of this grant for them would land
+-- ARGV[14] recorded ("0"/"1"): the instance holds a live record of the
+--          key that its last answered ask left: finding none, Redis lost
+--          it, as when it says it runs a grant (running > 0)
 --
 -- Returns {granted, fair, demand, contended, in_us, lost, drained, stale}
 -- as strings, because Redis truncates Lua numbers to integers: the grant
@@ -43,12 +46,12 @@ local running, running_us = num(ARGV[9]), num(ARGV[10])
 local young = num(ARGV[13])
 if not (inst ~= nil and inst ~= '' and gen and want and rate and burst and n and ttl and max_ttl
   and running and running_us and young and (ARGV[11] == '0' or ARGV[11] == '1')
-  and (ARGV[12] == '0' or ARGV[12] == '1')
+  and (ARGV[12] == '0' or ARGV[12] == '1') and (ARGV[14] == '0' or ARGV[14] == '1')
   and want >= 0 and rate > 0 and burst >= 1 and n >= 1 and ttl >= 1 and max_ttl >= ttl
   and running >= 0 and running_us >= 0 and young >= 0) then
   return redis.error_reply('ERR hybridlimit: invalid ask arguments')
 end
-local drain, release = ARGV[11] == '1', ARGV[12] == '1'
+local drain, release, recorded = ARGV[11] == '1', ARGV[12] == '1', ARGV[14] == '1'
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -77,10 +80,11 @@ elseif release then
   if own ~= nil then redis.call('HDEL', key, self) end
   mine = nil
 else
-  -- The instance runs a grant that Redis has no lease record of: Redis
-  -- lost it, and perhaps the others' too. Until every lease granted before
-  -- the loss has ended, nobody grows.
-  if running > 0 and not (own ~= nil and own.kind == 'L') then
+  -- The instance runs a grant that Redis has no lease record of, or says
+  -- it has a record Redis does not have: Redis lost it, and perhaps the
+  -- others' too. Until every lease granted before the loss has ended,
+  -- nobody grows.
+  if (running > 0 and not (own ~= nil and own.kind == 'L')) or (recorded and own == nil) then
     lost, known = math.max(lost or 0, now + max_ttl), (known or 0) + running
     redis.call('HSET', key, 'lost', string.format('%d %.17g', lost, known))
   end

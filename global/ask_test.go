@@ -458,6 +458,56 @@ func TestAskLeasesLost(t *testing.T) {
 	}
 }
 
+// TestAskLeasesLostFoundByARecord: an instance that runs nothing but says
+// its last ask left a record (Recorded: a starved asker) proves the loss
+// when Redis has none of it, before its ask is granted what a lease Redis
+// forgot still runs: granted nothing, the pool holds nothing, and the
+// lease's instance keeps what it runs. A record that Redis has proves
+// nothing.
+func TestAskLeasesLostFoundByARecord(t *testing.T) {
+	const rate, n, ttl = 100.0, 2, time.Second
+	srv := redistest.Start(t)
+	store := global.New(srv.Client(t), "")
+	req := func(inst string, gen uint8, running float64, recorded bool) global.LeaseAsk {
+		a := global.LeaseAsk{Limit: "lost", Key: "k", Instance: inst, Gen: gen, Want: rate, Rate: rate, Burst: 100,
+			Instances: n, TTL: ttl, Running: running, Recorded: recorded}
+		if running > 0 {
+			a.RunningFor = ttl
+		}
+		return a
+	}
+	// a leases the whole rate; b asks and gets nothing: a holds it until
+	// it renews.
+	if g := ask(t, store, req("a", 1, 0, false)); !approx(g.Granted, rate) {
+		t.Fatalf("a alone = %+v", g)
+	}
+	if g := ask(t, store, req("b", 1, 0, false)); g.Granted != 0 || g.Lost {
+		t.Fatalf("b while a holds the rate = %+v, want nothing", g)
+	}
+	if g := ask(t, store, req("b", 3, 0, true)); g.Granted != 0 || g.Lost {
+		t.Fatalf("b again, its record there = %+v, want nothing, not lost", g)
+	}
+	srv.FlushAll(t)
+	// b asks first after the flush: a still runs the rate. Without its
+	// record, b would be granted the whole rate on top of it.
+	if g := ask(t, store, req("b", 5, 0, true)); g.Granted != 0 || !g.Lost {
+		t.Fatalf("b after the loss = %+v, want granted nothing, lost", g)
+	}
+	tk, err := store.TakePool(context.Background(), global.PoolTake{Limit: "lost", Key: "k", Instance: "b", Gen: 7,
+		Rate: rate, Burst: 100, Instances: n, N: 1, TTL: time.Second, Asked: 1})
+	if err != nil || tk.Allowed || tk.PoolRate != 0 {
+		t.Fatalf("b's take after the loss = %+v, %v; want a pool without rate", tk, err)
+	}
+	// a renews saying it runs the rate: its fair share now that b's record
+	// shows b's want, and lost; its claim holds the rest until it ends.
+	if g := ask(t, store, req("a", 3, rate, true)); !approx(g.Granted, rate/2) || !g.Lost {
+		t.Fatalf("a renewing after the loss = %+v, want its fair share %v, lost", g, rate/2)
+	}
+	if g := ask(t, store, req("b", 7, 0, true)); g.Granted != 0 || !g.Lost {
+		t.Fatalf("b while a's claim lasts = %+v, want nothing", g)
+	}
+}
+
 // TestAskLeasesDrain: an exact user leasing with Drain moves the lease's
 // part of the burst from the pool, rounded down, and never more than the
 // pool holds; without Drain, or without a grant, nothing moves. The pool

@@ -211,23 +211,31 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	defer func() { close(stop); wg.Wait() }()
 
 	// state reports whether every key on master down is refused as an
-	// outage (its takes fail) and every other key on a lease.
+	// outage (its takes fail) and every other key on a lease; off says
+	// which keys are not, as of the last look.
+	var off []string
 	state := func(down int) bool {
 		mu.Lock()
 		defer mu.Unlock()
+		off = off[:0]
 		for _, name := range names {
 			for _, k := range ks {
 				w := hybrid.SourceLease
 				if owner[lk{name, k}] == down {
 					w = hybrid.SourceFailClosed
 				}
-				if latest[lk{name, k}] != w {
-					return false
+				if got := latest[lk{name, k}]; got != w {
+					off = append(off, fmt.Sprintf("%s/%s: %v, want %v", name, k, got, w))
 				}
 			}
 		}
-		return true
+		return len(off) == 0
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("keys not in the state waited for: %v", off)
+		}
+	}()
 	eventually(t, 5*time.Second, "every key on a lease", func() bool { return state(-1) })
 	cl.Masters[victim].Kill(t)
 	killed := time.Now()

@@ -301,7 +301,7 @@ func (l *Limiter) leaseAsk(ls *limitEntry, o *placement.Out) global.LeaseAsk {
 		Want: o.Want, Release: o.Kind == placement.Release,
 		Rate: ls.Rate, Burst: ls.Burst, Instances: max(ls.loc.Instances(), 1),
 		TTL: max(o.TTL, l.cfg.ContendedTTL), MaxTTL: l.cfg.UncontendedTTL,
-		Running: o.Running, RunningFor: o.RunningFor, Drain: o.Drain,
+		Running: o.Running, RunningFor: o.RunningFor, Drain: o.Drain, Recorded: o.Recorded,
 		// What a contended key's renewal takes to land: a shorter pulse
 		// elsewhere would end before the cut it asked for.
 		YoungFor: l.cfg.ContendedTTL / placement.RenewDivisor,

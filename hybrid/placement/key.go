@@ -40,7 +40,7 @@ type key struct {
 	// before, as does one of over 4.29 s (the loop looks every tick).
 	asked0  uint32
 	gap0    uint32
-	until   clock // Leased: when the grant ends here, rounded up
+	until   clock // when the grant ends here (Leased), or the record the last answered ask left ends (at the earliest), rounded up; at a release, then
 	renewAt clock // Leased: when the next renewal is due; Exact: not before then may it ask
 	sentAt  clock // when the last ask went out
 	state   State

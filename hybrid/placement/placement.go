@@ -219,6 +219,10 @@ type Out struct {
 	Running    float64
 	RunningFor time.Duration
 	Drain      bool
+	// Recorded says that the key's last answered ask left a record in
+	// Redis that still lives and was not released: Redis finding none
+	// has lost it (global.LeaseAsk.Recorded).
+	Recorded bool
 	// Assign only.
 	Rate  float64
 	Burst int

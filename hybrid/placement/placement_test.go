@@ -597,3 +597,39 @@ func TestLateAnswersLengthenLeases(t *testing.T) {
 		t.Errorf("lag after a prompt answer %v, want %v", h.p.Lag(), want)
 	}
 }
+
+// An ask says whether the key's last answered ask left a record in Redis
+// that lives yet (Out.Recorded): Redis finding none has lost it, even when
+// the key runs nothing (a starved asker). A key's first ask has none; a
+// starved asker's next ask has one; once the key released it, none.
+func TestAsksSayTheyHaveARecord(t *testing.T) {
+	h := newHarness(t, cfg(1000, 100), 4)
+	starved := Grant{Granted: 3, Fair: 250, Contended: true, In: 600 * time.Millisecond}
+	recorded := func(what string, want bool) {
+		t.Helper()
+		if h.last == nil || h.last.Recorded != want {
+			t.Errorf("%s: %+v, want Recorded %v", what, h.last, want)
+		}
+	}
+	expect(t, "tick 1", h.tick(1, 50), "ask gen=3 want=1050 ttl=600ms drain")
+	recorded("the first ask", false)
+	h.answer(starved)
+	expect(t, "tick 2", h.tick(2, 50), "")
+	expect(t, "tick 3", h.tick(3, 50), "ask gen=5 want=1050 ttl=600ms drain")
+	recorded("a starved asker's next ask", true)
+	h.answer(starved)
+	// Its traffic stops: it gives up, exact, and releases the record.
+	released := false
+	k := 4
+	for ; !released && k < 200; k++ {
+		released = strings.Contains(h.tick(k, 0), "release")
+	}
+	if !released {
+		t.Fatal("an idle asker kept its record")
+	}
+	h.last = nil
+	for ; h.last == nil && k < 400; k++ {
+		h.tick(k, 50)
+	}
+	recorded("the first ask after the release", false)
+}

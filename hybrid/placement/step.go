@@ -58,7 +58,7 @@ func (p *Policy) Step(now time.Time, n int, st *Stats, out []Out, g *Gauges) []O
 		// by the time its record goes.
 		out = p.toExact(k, st.Key, out)
 		if !p.degraded {
-			out = append(out, Out{Kind: Release, Key: st.Key, Gen: k.gen})
+			out = append(out, released(t, st.Key, k))
 		}
 	case !p.degraded && (t >= k.renewAt.at(t) || p.early(t, k)):
 		out = append(out, p.ask(t, st.Key, k, false))
@@ -74,7 +74,7 @@ func (p *Policy) stepExact(t instant, n int, name string, k *key, idle bool, out
 	switch {
 	case p.degraded:
 	case k.fell():
-		out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
+		out = append(out, released(t, name, k))
 	case !idle && t >= k.renewAt.at(t) && p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, EnterBurst, EnterRenewal):
 		k.state, k.ttl = Asking, 0
 		k.setStable(0)
@@ -93,7 +93,7 @@ func (p *Policy) stepAsking(t instant, n int, name string, k *key, idle bool, ou
 	case p.degraded:
 	case k.fell() || idle || !p.worth(k.demand, p.fairOf(k, n), p.cfg.ContendedTTL, LeaveBurst, LeaveRenewal):
 		out = p.toExact(k, name, out)
-		out = append(out, Out{Kind: Release, Key: name, Gen: k.gen})
+		out = append(out, released(t, name, k))
 	case t >= k.renewAt.at(t):
 		out = append(out, p.ask(t, name, k, true))
 	}
@@ -178,10 +178,19 @@ func (p *Policy) ask(t instant, name string, k *key, drain bool) Out {
 	want := p.want(k.now)
 	k.want, k.sentAt = float32(want), floorClock(t)
 	o := Out{Kind: Ask, Key: name, Gen: k.gen, Want: want, TTL: p.ttlOf(k.ttl), Drain: drain}
-	if until := k.until.at(t); k.state == Leased && until > t {
+	until := k.until.at(t)
+	if k.state == Leased && until > t {
 		o.Running, o.RunningFor = k.granted, until.sub(t)
 	}
+	o.Recorded = until > t
 	return o
+}
+
+// released is the release of key name's record at t: from then on the key
+// has none in Redis (see Out.Recorded).
+func released(t instant, name string, k *key) Out {
+	k.until = floorClock(t)
+	return Out{Kind: Release, Key: name, Gen: k.gen}
 }
 
 // toExact moves k to the exact placement under a new generation, so that
@@ -260,6 +269,11 @@ func (p *Policy) Answer(sent time.Time, o *Out, g *Grant, out []Out) []Out {
 		return out // the key moved on while the ask was out
 	}
 	s := p.instant(sent)
+	if !g.Stale {
+		// The ask left a record, granted or not, that lives at least
+		// this long: a later ask that finds none proves Redis lost it.
+		k.until = ceilClock(s.add(time.Duration(float64(g.In) * EndEarly)))
+	}
 	burst := p.burstOf(g.Granted)
 	if g.Stale || burst < 1 {
 		k.fair = float32(g.Fair)

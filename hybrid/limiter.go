@@ -620,7 +620,7 @@ func (l *Limiter) takeFailed(ls *limitEntry, key string, mark uint8, now time.Ti
 // so the bound holds, and a window of admissions can hold at most
 // creditTokens per instance taken before it.
 const (
-	creditTokens = 4
+	creditTokens = 1
 	creditLife   = 2 * time.Second
 )
 

@@ -351,7 +351,13 @@ func (m *middleware) reserve(r *http.Request, c *check, n int, rv *Reservation) 
 	if err != nil {
 		return err
 	}
-	rv.l, rv.ls, rv.key, rv.n, rv.at = m.l, ls, heldKey(key), n, time.Now()
+	rv.l, rv.ls, rv.key, rv.n = m.l, ls, heldKey(key), n
+	if len(m.checks) == 1 {
+		// Nothing to give back to: the request is turned away only by
+		// this limit's own denial.
+		return m.l.decide(r.Context(), ls, key, n, &rv.Decision, nil)
+	}
+	rv.at = time.Now()
 	return m.l.decide(r.Context(), ls, key, n, &rv.Decision, &rv.at)
 }
 

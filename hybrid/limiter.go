@@ -769,8 +769,9 @@ type Status struct {
 	Keys int
 	// LeasedRate is the sum of the rates leased by this instance (Hybrid).
 	LeasedRate float64
-	// LeasedKeys is the number of keys this instance decides on a lease
-	// (Hybrid); the others of Keys are decided exactly in Redis.
+	// LeasedKeys is the number of keys this instance decides on a lease of
+	// a rate (Hybrid); the others of Keys are decided exactly in Redis, or
+	// admit the few tokens taken ahead for them (credit).
 	LeasedKeys int
 	// FailingKeys is the number of keys (Hybrid) whose last request to
 	// Redis, a lease ask or an exact decision, failed on its own (for
@@ -806,7 +807,8 @@ func (l *Limiter) Status(limit string) (Status, error) {
 	if ls.Mode == Hybrid {
 		st.Keys = ls.keys.Len()
 		for _, k := range ls.keys.AppendStats(nil) {
-			if k.Assigned {
+			if k.Assigned && k.Share.Limit > 0 {
+				// A lease of rate 0 is credit, not a lease (see creditTokens).
 				st.LeasedRate += float64(k.Share.Limit)
 				st.LeasedKeys++
 			}

@@ -222,6 +222,11 @@ func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, er
 	if c.cost != nil {
 		n = c.cost(ctx, fullMethod)
 	}
+	if len(c.limits) == 1 {
+		// Nothing to give back to: no reservation to allocate.
+		_, md, err := c.reserve(ctx, fullMethod, c.limits[0], n, false)
+		return md, err
+	}
 	var (
 		taken   []*hybrid.Reservation
 		trailer metadata.MD
@@ -230,7 +235,7 @@ func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, er
 		wait    time.Duration // of a denial refused
 	)
 	for _, lk := range c.limits {
-		r, md, err := c.reserve(ctx, fullMethod, lk, n)
+		r, md, err := c.reserve(ctx, fullMethod, lk, n, true)
 		if err == nil {
 			if r != nil && r.Allowed {
 				taken = append(taken, r)
@@ -269,9 +274,9 @@ func rank(r *hybrid.Reservation) int {
 }
 
 // reserve decides the call under lk, taking n tokens. It returns the
-// reservation (nil if there was no decision) and, unless the call may go
-// on, the trailer and the error to answer with.
-func (c *checker) reserve(ctx context.Context, fullMethod string, lk limitKey, n int) (*hybrid.Reservation, metadata.MD, error) {
+// reservation if refundable (nil if there was no decision) and, unless the
+// call may go on, the trailer and the error to answer with.
+func (c *checker) reserve(ctx context.Context, fullMethod string, lk limitKey, n int, refundable bool) (*hybrid.Reservation, metadata.MD, error) {
 	key := lk.key(ctx, fullMethod)
 	if key == "" {
 		switch c.emptyKey {
@@ -281,9 +286,12 @@ func (c *checker) reserve(ctx context.Context, fullMethod string, lk limitKey, n
 			return nil, nil, nil
 		}
 	}
-	r, err := c.l.Reserve(ctx, lk.limit, key, n)
+	var r *hybrid.Reservation
 	var d hybrid.Decision
-	if r != nil {
+	var err error
+	if !refundable {
+		d, err = c.l.AllowN(ctx, lk.limit, key, n)
+	} else if r, err = c.l.Reserve(ctx, lk.limit, key, n); r != nil {
 		d = r.Decision
 	}
 	if err == nil && d.Source == hybrid.SourceFailClosed && c.outage > 0 {

@@ -52,7 +52,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local self = 'i:' .. inst
 
-local h = read_hash(redis.call('HGETALL', key), inst, now)
+local h = read_hash(redis.call('HGETALL', key), inst, now, true)
 hdel(key, h.dead)
 local own = h.own
 local keep = own ~= nil and own.kind == 'L' and not newer(gen, own.gen)
@@ -153,8 +153,12 @@ else
   turn_us = turn(retry, take)
 end
 
-if mine ~= own then redis.call('HSET', key, self, encode(mine)) end
-redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))
+local pool = string.format('%.17g %d', tokens, now)
+if mine ~= own then
+  redis.call('HSET', key, self, encode(mine), 'p', pool)
+else
+  redis.call('HSET', key, 'p', pool)
+end
 
 local last, lease_last = hash_ends(h, mine, h.lost, now)
 expire_hash(key, now, last, lease_last, tokens, burst, rate)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/hybridlimit/hybridlimit/internal/table"
 )
 
 // ErrInvalid is wrapped by the errors New returns for a bad Config.
@@ -238,19 +240,19 @@ type shard struct {
 	base time.Time // guarded by mu
 	// The first 64 bytes (mu, counts, base) are what a decision writes;
 	// keys, on the second line, it only reads unless it inserts.
-	keys table // guarded by mu
+	keys table.Table[entry, *entry] // guarded by mu
 	// 128 bytes in all: shards sit on cache lines of their own.
 }
 
-// An entry is one key, held by value in its shard's table. Its times are
-// offsets from the shard's base, 8 bytes each where a time.Time takes 24,
-// which keeps the entry at 96 bytes: b takes 32 bytes, key 16, the five
+// An entry is one key, held by value in its shard's table beside the
+// key's string. Its times are offsets from the shard's base, 8 bytes each
+// where a time.Time takes 24, which keeps the entry at 80 bytes and the
+// key at 96 in the table: b takes 32 bytes, the key's string 16, the five
 // int64 fields 40 and the flags 8. Another field takes 8 bytes more on
 // every key; TestEntrySize guards it. Every field is guarded by the
 // shard's mu.
 type entry struct {
-	b         bucket // by value: one allocation per key, not two
-	key       string
+	b         bucket        // by value: one allocation per key, not two
 	last      time.Duration // latest time fed to b; never moves backwards
 	created   time.Duration // time of the key's first decision
 	seen      time.Duration // time of the key's latest decision
@@ -283,6 +285,9 @@ func New(cfg Config) (*Limiter, error) {
 		seed:   maphash.MakeSeed(),
 		mask:   uint64(size - 1),
 		shards: make([]shard, size),
+	}
+	for i := range l.shards {
+		l.shards[i].keys = newTable()
 	}
 	pl := Place{Instances: cfg.Instances, Rank: NoRank, MinBurst: 1}.fix()
 	l.params.Store(&params{limit: cfg.Limit, burst: cfg.Burst, place: pl, def: pl.share(cfg.Limit, cfg.Burst)})
@@ -363,7 +368,7 @@ func (l *Limiter) AllowNTallyInto(t time.Time, key string, n int, tally Tally, r
 	if t.IsZero() {
 		t = time.Now()
 	}
-	e := sh.keys.get(h, key)
+	e := sh.keys.Get(h, key)
 	if e == nil {
 		e = l.insert(sh, h, key, t)
 	}
@@ -465,14 +470,14 @@ func retryAfter(lim rate.Limit, burst int, tokens float64, n int) time.Duration 
 // insert adds key, whose hash is h, at the default share, first decided on
 // at t. Requires sh.mu held and key not in sh.
 func (l *Limiter) insert(sh *shard, h uint64, key string, t time.Time) *entry {
-	if sh.keys.n == 0 {
+	if sh.keys.Len() == 0 {
 		sh.base = t // no entry counts from the old base
 	}
 	p := l.params.Load()
 	def := p.def
 	now := t.Sub(sh.base)
-	e := sh.keys.put(h)
-	*e = entry{b: newBucket(def, now), key: key, last: now, created: now, seen: now, mark: p.mark}
+	e := sh.keys.Put(h, key)
+	*e = entry{b: newBucket(def, now), last: now, created: now, seen: now, mark: p.mark}
 	return e
 }
 
@@ -542,7 +547,7 @@ func (l *Limiter) AssignNew(t time.Time, key string, s Share, until time.Time) b
 	sh, h := l.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.keys.get(h, key)
+	e := sh.keys.Get(h, key)
 	if e == nil {
 		e = l.insert(sh, h, key, t)
 	}
@@ -716,7 +721,7 @@ func (l *Limiter) with(key string, f func(*shard, *entry)) bool {
 	sh, h := l.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.keys.get(h, key)
+	e := sh.keys.Get(h, key)
 	if e == nil {
 		return false
 	}
@@ -812,7 +817,7 @@ func (l *Limiter) setDropping(t time.Time, p *params, drop bool) {
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		sh.keys.each(func(e *entry) {
+		sh.keys.Each(func(_ string, e *entry) {
 			switch {
 			case e.lapsed:
 				e.setShare(sh.advance(e, t), e.capped(s))
@@ -849,24 +854,24 @@ func (l *Limiter) AppendShardStats(i int, dst []KeyStats) []KeyStats {
 	sh := &l.shards[i]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.keys.each(func(e *entry) { dst = append(dst, sh.stats(e)) })
+	sh.keys.Each(func(key string, e *entry) { dst = append(dst, sh.stats(key, e)) })
 	return dst
 }
 
 // Stats returns a snapshot of key, and false if the key does not exist.
 func (l *Limiter) Stats(key string) (st KeyStats, ok bool) {
-	ok = l.with(key, func(sh *shard, e *entry) { st = sh.stats(e) })
+	ok = l.with(key, func(sh *shard, e *entry) { st = sh.stats(key, e) })
 	return st, ok
 }
 
-// stats is a snapshot of e. Requires sh.mu held.
-func (sh *shard) stats(e *entry) KeyStats {
+// stats is a snapshot of key, whose entry is e. Requires sh.mu held.
+func (sh *shard) stats(key string, e *entry) KeyStats {
 	var until time.Time
 	if e.assigned {
 		until = sh.time(e.until)
 	}
 	return KeyStats{
-		Key:       e.key,
+		Key:       key,
 		Attempted: e.attempted,
 		LastSeen:  sh.time(e.seen),
 		Created:   sh.time(e.created),
@@ -890,11 +895,11 @@ func (l *Limiter) EvictIdle(t time.Time, idle time.Duration, dst []string) []str
 		sh := &l.shards[i]
 		sh.mu.Lock()
 		before, now := cutoff.Sub(sh.base), t.Sub(sh.base)
-		sh.keys.removeIf(func(e *entry) bool {
+		sh.removeIf(func(key string, e *entry) bool {
 			if e.seen >= before || (e.assigned && e.until > now) {
 				return false
 			}
-			dst = append(dst, e.key)
+			dst = append(dst, key)
 			return true
 		})
 		sh.mu.Unlock()
@@ -934,7 +939,7 @@ func (l *Limiter) Len() int {
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		n += sh.keys.n
+		n += sh.keys.Len()
 		sh.mu.Unlock()
 	}
 	return n

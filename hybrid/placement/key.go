@@ -6,8 +6,9 @@ import (
 )
 
 // key is the state of one key that left its first exact placement. It is
-// held, in the policy's table, for every such key, so it is kept to 88
-// bytes (TestKeySize guards it), where plain fields would take 144:
+// held, in the policy's table beside the key's name, for every such key,
+// so the two are kept to 88 bytes, the key to 72 (TestKeySize guards it),
+// where plain fields would take 144:
 //   - the demands and the grant, which are averaged or sent back to Redis
 //     (Running), are float64; what is only compared with thresholds (the
 //     fair share, the want, the demand of the key's instances) is
@@ -19,7 +20,6 @@ import (
 //     renewal never tells Redis a grant ends before it ends here;
 //   - the lease's lifetime is a step (see ttlStep), the flags are bits.
 type key struct {
-	name string
 	// demand is the key's measured demand here, tokens per second: an
 	// average of its rates between looks, weighted over ContendedTTL,
 	// that drops at once when the traffic does (see observe).

@@ -5,7 +5,8 @@
 // answer changes.
 //
 // A Policy reads no clock, starts no goroutine, sends nothing and imports
-// nothing else of this module. Its caller (package hybrid's lease loop)
+// nothing else of this module but internal/table, a container that imports
+// nothing of it either. Its caller (package hybrid's lease loop)
 // hands it the time, each key's statistics and Redis's answers, and carries
 // out what it returns: lease asks and releases to send, and marks and
 // grants to put in force in the key's local limiter. So the policy is
@@ -276,7 +277,7 @@ const FirstGen uint8 = 1
 type Policy struct {
 	cfg   Config
 	epoch time.Time // instants count from here
-	keys  table
+	keys  keyTable
 	peak  int // the most keys since the table was last packed (see Compact)
 	// degraded: Redis is taken to be unreachable; nothing is sent, and
 	// leases run out into the exact placement (where decisions follow the
@@ -289,7 +290,7 @@ type Policy struct {
 
 // New returns the policy of a limit.
 func New(cfg Config) *Policy {
-	return &Policy{cfg: cfg, keys: newTable()}
+	return &Policy{cfg: cfg, keys: newKeyTable()}
 }
 
 // SetLimit changes the limit's rate and burst; every lease renews at now.
@@ -305,7 +306,7 @@ func (p *Policy) SetDegraded(on bool) { p.degraded = on }
 // changed, and the fair shares with it.
 func (p *Policy) Resettle(now time.Time) {
 	t := p.instant(now)
-	p.keys.each(func(k *key) {
+	p.keys.Each(func(_ string, k *key) {
 		if k.state == Leased {
 			k.renewAt, k.ttl = floorClock(t), 0
 			k.setStable(0)
@@ -318,11 +319,11 @@ func (p *Policy) Resettle(now time.Time) {
 // once fewer than a quarter of that many are left, the table is packed.
 // The loop calls it after evicting idle keys.
 func (p *Policy) Compact() {
-	if p.peak < compactFrom || p.keys.n >= p.peak/4 {
+	if p.peak < compactFrom || p.keys.Len() >= p.peak/4 {
 		return
 	}
-	p.keys.pack()
-	p.peak = p.keys.n
+	p.keys.Pack()
+	p.peak = p.keys.Len()
 }
 
 // compactFrom is the fewest keys a table must have held for Compact to
@@ -334,7 +335,7 @@ func (p *Policy) Lag() time.Duration { return p.lag }
 
 // Len returns the number of keys the policy tracks: those that left their
 // first exact placement, until they are forgotten.
-func (p *Policy) Len() int { return p.keys.n }
+func (p *Policy) Len() int { return p.keys.Len() }
 
 // State returns where key stands and its generation.
 func (p *Policy) State(key string) (State, uint8) {

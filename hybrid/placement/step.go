@@ -120,7 +120,7 @@ func (p *Policy) track(t instant, n int, st *Stats) *key {
 	k := p.keys.put(st.Key)
 	k.state, k.gen, k.demand, k.now, k.asked, k.seenAt = Exact, FirstGen, d, d, uint32(st.Asked), t
 	k.until, k.renewAt, k.sentAt = c, c, c
-	p.peak = max(p.peak, p.keys.n)
+	p.peak = max(p.peak, p.keys.Len())
 	return k
 }
 

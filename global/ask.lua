@@ -118,8 +118,9 @@ else
     fair = math.max(want + left / math.max(n, #wants), math.min(rate / n, want + left))
   end
   -- The others' live credits are tokens out of the pool, which its burst
-  -- must keep room for: the grant leaves the pool that part of the rate.
-  local room = rate - others - rate * credit_held_by_others(h, now) / burst
+  -- must keep room for: the grant leaves the pool that part of the rate
+  -- (of a lease's credit, what its part of the burst does not cover).
+  local room = rate - others - rate * credit_beyond_others(h, now, rate, burst) / burst
   granted = math.max(0, math.min(fair, room))
   -- While lost, a grant is at most what the instance runs already, or what
   -- the known grants leave (capacity): nobody grows into leases Redis

@@ -149,7 +149,8 @@ func TestCreditEndedByItsID(t *testing.T) {
 // TestAskCarriesCredit: a grant leaves the pool room for the other
 // instances' live credits, and an ask that replaces an exact record by a
 // lease record carries the instance's live credit over, which it may spend
-// until it hears the grant.
+// until it hears the grant; a lease's part of the burst covers its credit,
+// which then leaves the others' grants alone.
 func TestAskCarriesCredit(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -162,16 +163,27 @@ func TestAskCarriesCredit(t *testing.T) {
 	}
 	// b wants the whole rate: contended with a's demand of 1/s, a fair
 	// share of 9, of which the pool keeps a's credit's part of the burst.
-	g := ask(t, store, global.LeaseAsk{Limit: "credit", Key: "k", Instance: "b", Gen: 1, Want: rate, Rate: rate,
+	gb := ask(t, store, global.LeaseAsk{Limit: "credit", Key: "k", Instance: "b", Gen: 1, Want: rate, Rate: rate,
 		Burst: burst, Instances: 2, TTL: time.Minute, MaxTTL: time.Minute})
-	if !near(g.Granted, rate*(1-4.0/burst), 1e-9) {
-		t.Errorf("b's grant beside a's credit of 4: %v, want %v", g.Granted, rate*(1-4.0/burst))
+	if !near(gb.Granted, rate*(1-4.0/burst), 1e-9) {
+		t.Errorf("b's grant beside a's credit of 4: %v, want %v", gb.Granted, rate*(1-4.0/burst))
 	}
-	ask(t, store, global.LeaseAsk{Limit: "credit", Key: "k", Instance: "a", Gen: 3, Want: 1, Rate: rate,
+	// a asks for 5/s and gets what b leaves, 4/s: 4 tokens of the burst,
+	// which cover its credit.
+	g := ask(t, store, global.LeaseAsk{Limit: "credit", Key: "k", Instance: "a", Gen: 3, Want: 5, Rate: rate,
 		Burst: burst, Instances: 2, TTL: time.Minute, MaxTTL: time.Minute, Drain: true})
+	if !near(g.Granted, 4, 1e-9) {
+		t.Errorf("a's grant: %v, want 4", g.Granted)
+	}
 	h := readPlacement(t, rdb, store.RecordKey("credit", "k"))
 	if r := h.records["a"]; !r.lease || r.credit != 4 || r.creditUS != tk.At.Add(time.Minute).UnixMicro() ||
 		r.creditID != int64(tk.CreditID) {
 		t.Errorf("a's record after its ask: %+v, want a lease carrying its credit", r)
+	}
+	// b's renewal: its fair share of 5 fits beside a's 4.
+	g = ask(t, store, global.LeaseAsk{Limit: "credit", Key: "k", Instance: "b", Gen: 3, Want: rate, Rate: rate,
+		Burst: burst, Instances: 2, TTL: time.Minute, MaxTTL: time.Minute, Running: gb.Granted, RunningFor: time.Minute})
+	if !near(g.Granted, 5, 1e-9) {
+		t.Errorf("b's renewal beside a's lease of 4 tokens of the burst and its credit of 4: %v, want 5", g.Granted)
 	}
 }

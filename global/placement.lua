@@ -59,7 +59,8 @@
 -- hold and of the pool's rate is at most the rate, and the same of the
 -- burst. The pool and the live credits together hold at most the pool's
 -- burst (pool_cap), and a grant leaves the pool room for the other
--- instances' live credits (ask.lua).
+-- instances' live credits beyond their leases' parts of the burst
+-- (credit_beyond_others, ask.lua).
 --
 -- Redis runs this as Lua 5.1 and forbids globals: every name is local.
 
@@ -258,11 +259,15 @@ local function credits_after(credits, t)
   return s
 end
 
--- credit_held_by_others is the live credit of the other instances'
--- records of h at now.
-local function credit_held_by_others(h, now)
+-- credit_beyond_others is the live credit of the other instances' records
+-- of h at now beyond their leases' parts of the burst (burst * holds /
+-- rate): an instance that spends its credit until its grant is in force,
+-- and then a lease bucket that starts from what is left of it, admits at
+-- most the larger of the two at once. An exact record's credit counts
+-- whole.
+local function credit_beyond_others(h, now, rate, burst)
   local s = 0
-  for _, l in ipairs(h.leases) do s = s + credit_of(l, now) end
+  for _, l in ipairs(h.leases) do s = s + math.max(0, credit_of(l, now) - burst * holds(l, now) / rate) end
   for _, x in ipairs(h.exact) do s = s + credit_of(x, now) end
   return s
 end

@@ -36,7 +36,8 @@ const maxAsked = 1 << 53
 // before it sent the take), whose rate goes to the pool at once; an exact
 // record newer than Gen is left alone (a stale take); one of the same
 // generation is updated; an older one, or none, is replaced by a new one.
-// Stale or not, the take takes from the pool.
+// Stale or not, the take takes from the pool, and every record it writes
+// carries the instance's live credit over (see Extra).
 type PoolTake struct {
 	// Limit and Key name the placement hash, see Store.RecordKey.
 	Limit, Key string
@@ -73,9 +74,9 @@ type PoolTake struct {
 	// admission, ahead of the instance's next requests (Take.Credit): the
 	// instance's demand on the key (as measured from Asked) over
 	// CreditTTL, at least 1 token and at most Extra, only from a pool
-	// that stays at least half full after them, so that a key near its
-	// limit gets none, and only to an instance whose record holds no live
-	// credit. The instance admits them locally within CreditTTL of sending
+	// that stays at least half full of its burst after them, so that a
+	// key near its limit gets none, and only to an instance whose record
+	// holds no live credit. The instance admits them locally within CreditTTL of sending
 	// the take, or loses them. Redis counts them out of the pool until
 	// CreditTTL has passed or a take names them (CreditID): the pool and
 	// the live credits together hold at most the pool's burst, and a

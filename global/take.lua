@@ -14,10 +14,10 @@
 --          on the key, this take's included (>= 0)
 -- ARGV[9]  extra (>= 0): with an admission, up to this many tokens more,
 --          taken ahead of the instance's next requests (credit), only
---          from a pool that stays at least half full: a key near its
---          limit gets none. The credit is the instance's demand over
---          credit_us, at least 1 token and at most extra, and handed only
---          to an instance without a live credit
+--          from a pool that stays at least half full of its burst: a key
+--          near its limit gets none. The credit is the instance's
+--          demand over credit_us, at least 1 token and at most extra, and
+--          handed only to an instance without a live credit
 -- ARGV[10] credit_id (0 to 2^32-1): the id of the last credit the instance
 --          was handed on the key (0: none), which it has spent or let end:
 --          a live credit of that id stops counting from now (a credit of

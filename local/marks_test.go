@@ -173,6 +173,29 @@ func TestLeaseOfRateZero(t *testing.T) {
 	}
 }
 
+// TestCreditID: a credit (Credit) admits its tokens here, and once they
+// are spent, or it has ended, the key's decisions go to the caller and
+// report its id; a key never handed credit reports 0, and a key decided
+// here reports none.
+func TestCreditID(t *testing.T) {
+	l := mustNew(t, Config{Limit: 100, Burst: 10})
+	l.SetNewMark(4)
+	if r := l.Allow(t0, "k"); r.Mark != 4 || r.Credit != 0 {
+		t.Fatalf("a fresh marked key: %+v, want mark 4, no credit", r)
+	}
+	l.Credit(t0, "k", 1, t0.Add(time.Second), 4, 77)
+	if r := l.Allow(t0, "k"); !r.Allowed || r.Credit != 0 {
+		t.Fatalf("the credit: %+v, want admitted here, no id reported", r)
+	}
+	if r := l.Allow(t0, "k"); r.Allowed || r.Mark != 4 || r.Credit != 77 {
+		t.Fatalf("credit spent: %+v, want the caller to decide, credit 77", r)
+	}
+	l.Credit(t0, "k", 5, t0.Add(time.Second), 4, 78)
+	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 4 || r.Credit != 78 {
+		t.Fatalf("credit ended: %+v, want the caller to decide, credit 78", r)
+	}
+}
+
 // TestGive: tokens given back go to a key decided here (unmarked, or on a
 // lease in force), up to its burst; a key decided elsewhere (marked, its
 // lease ended) takes none. ClearHold ends a marked key's hold.

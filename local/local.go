@@ -580,13 +580,20 @@ func (l *Limiter) Lease(t time.Time, key string, s Share, until time.Time, next 
 // names them id: Lease of a share of rate 0 and burst tokens, starting
 // with them. Once they are spent or until has passed, the key's decisions
 // report id (Result.Credit), so that the caller can say where it decides
-// them that the credit is over. It reports false, and does nothing, if
-// the key does not exist.
+// them that the credit is over. next is the mark the key's decision that
+// got the credit was made under, and the mark the key keeps: a key that
+// moved on since (another mark, or a share in force, such as a lease put
+// in force while the credit's answer was on its way) only records id, and
+// the tokens are not admitted here. It reports false, and does nothing,
+// if the key does not exist.
 func (l *Limiter) Credit(t time.Time, key string, tokens int, until time.Time, next uint8, id uint32) bool {
 	s := fixShare(Share{Burst: tokens})
 	return l.with(key, func(sh *shard, e *entry) {
-		l.lease(sh, e, t, s, until, next, tokens)
 		e.credit = id
+		if e.mark != next || e.assigned {
+			return
+		}
+		l.lease(sh, e, t, s, until, next, tokens)
 	})
 }
 

@@ -521,7 +521,7 @@ func (l *Limiter) exact(ctx context.Context, ls *limitEntry, key string, n int, 
 		// Tokens Redis handed ahead of the key's next requests: a lease
 		// of rate 0 that they are admitted from here until it is spent
 		// or ends, and then the key is decided exactly again.
-		ls.keys.Lease(now, key, local.Share{Burst: t.Credit}, now.Add(creditLife), r.Mark, t.Credit)
+		ls.keys.Credit(now, key, t.Credit, now.Add(creditLife), r.Mark)
 	}
 	if hold := l.holdFor(&t); hold > 0 {
 		ls.keys.SetHold(key, r.Mark, now.Add(hold))

@@ -568,20 +568,40 @@ func (l *Limiter) AssignNew(t time.Time, key string, s Share, until time.Time) b
 // exist.
 func (l *Limiter) Lease(t time.Time, key string, s Share, until time.Time, next uint8, give int) bool {
 	s = fixShare(s)
+	return l.with(key, func(sh *shard, e *entry) { l.lease(sh, e, t, s, until, next, give) })
+}
+
+// Credit puts tokens handed ahead in force on key from t until until:
+// Lease of a share of rate 0 and burst tokens, starting with them. next is
+// the mark the key's decision that got the credit was made under, and the
+// mark the key keeps: a key that moved on since (another mark, or a share
+// in force, such as a lease put in force while the credit's answer was on
+// its way) is left as it is, and the tokens are not admitted here. It
+// reports false, and does nothing, if the key does not exist.
+func (l *Limiter) Credit(t time.Time, key string, tokens int, until time.Time, next uint8) bool {
+	s := fixShare(Share{Burst: tokens})
 	return l.with(key, func(sh *shard, e *entry) {
-		now := sh.advance(e, t)
-		fresh := !e.assigned || now >= e.until
-		e.mark, e.assigned, e.lapsed = next, true, false
-		e.until = until.Sub(sh.base)
-		e.setShare(now, s)
-		if fresh {
-			e.b.tokens = min(float64(max(give, 0)), float64(e.b.burst))
-			e.b.last = now
+		if e.mark != next || e.assigned {
+			return
 		}
-		if now >= e.until {
-			e.lapse(now, l.Default())
-		}
+		l.lease(sh, e, t, s, until, next, tokens)
 	})
+}
+
+// lease is Lease on e. Requires sh.mu held.
+func (l *Limiter) lease(sh *shard, e *entry, t time.Time, s Share, until time.Time, next uint8, give int) {
+	now := sh.advance(e, t)
+	fresh := !e.assigned || now >= e.until
+	e.mark, e.assigned, e.lapsed = next, true, false
+	e.until = until.Sub(sh.base)
+	e.setShare(now, s)
+	if fresh {
+		e.b.tokens = min(float64(max(give, 0)), float64(e.b.burst))
+		e.b.last = now
+	}
+	if now >= e.until {
+		e.lapse(now, l.Default())
+	}
 }
 
 // fixShare makes s a share a key can run: no negative rate, and a burst of

@@ -173,6 +173,33 @@ func TestLeaseOfRateZero(t *testing.T) {
 	}
 }
 
+// TestCreditAfterTheKeyMovedOn: a credit whose answer lands after the key
+// moved on (a lease put in force, or another mark) leaves the key as it
+// is.
+func TestCreditAfterTheKeyMovedOn(t *testing.T) {
+	l := mustNew(t, Config{Limit: 100, Burst: 10})
+	l.SetNewMark(4)
+	l.Allow(t0, "k")
+	l.Lease(t0, "k", Share{Limit: 50, Burst: 5}, t0.Add(time.Second), 5, 5)
+	l.Credit(t0, "k", 1, t0.Add(time.Second), 4)
+	for i := range 5 {
+		if r := l.Allow(t0, "k"); !r.Allowed || r.Mark != 0 {
+			t.Fatalf("decision %d on the lease after a late credit: %+v, want admitted by the lease", i, r)
+		}
+	}
+	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 5 {
+		t.Fatalf("the lease ended: %+v, want the caller to decide under mark 5", r)
+	}
+	l.Credit(t0.Add(time.Second), "k", 3, t0.Add(2*time.Second), 4)
+	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 5 {
+		t.Fatalf("a credit under an older mark: %+v, want the caller to decide under mark 5", r)
+	}
+	l.Credit(t0.Add(time.Second), "k", 2, t0.Add(2*time.Second), 5)
+	if r := l.Allow(t0.Add(time.Second), "k"); !r.Allowed || r.Mark != 0 {
+		t.Fatalf("a credit under the key's mark: %+v, want admitted here", r)
+	}
+}
+
 // TestGive: tokens given back go to a key decided here (unmarked, or on a
 // lease in force), up to its burst; a key decided elsewhere (marked, its
 // lease ended) takes none. ClearHold ends a marked key's hold.

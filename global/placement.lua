@@ -172,7 +172,9 @@ local function read_hash(fields, inst, now, others_expiry)
     elseif string.sub(id, 1, 2) == 'i:' then
       local r
       if others_expiry and id ~= self and string.sub(v, 1, 2) == 'X ' then
-        -- Of another instance's exact record, only its end is needed.
+        -- Of another instance's exact record, only its end is needed:
+        -- one whose end reads is kept as it is until an ask reads it whole
+        -- (and deletes it if it cannot).
         local e = num(string.match(v, '^X %S+ %S+ %S+ %S+ (%S+)'))
         if e then r = {kind = 'X', expiry = e} end
       else

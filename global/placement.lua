@@ -209,7 +209,8 @@ local function read_hash(fields, inst, now, others_expiry)
       local r
       if others_expiry and id ~= self and string.sub(v, 1, 2) == 'X ' then
         -- Of another instance's exact record, only its ends and its
-        -- credit are needed.
+        -- credit are needed: one whose fields read is kept as it is until
+        -- an ask reads it whole (and deletes it if it cannot).
         local e, c, ce = string.match(v, '^X %S+ %S+ %S+ %S+ (%S+) %S+ (%S+) (%S+)')
         e, c, ce = num(e), num(c), num(ce)
         if e and c and ce and c >= 0 then r = {kind = 'X', expiry = e, credit = c, credit_end = ce} end

@@ -217,6 +217,10 @@ func TestCreditAfterTheKeyMovedOn(t *testing.T) {
 	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 5 || r.Credit != 78 {
 		t.Fatalf("a credit under an older mark: %+v, want the caller to decide under mark 5, credit 78 named", r)
 	}
+	l.Credit(t0.Add(time.Second), "k", 2, t0.Add(2*time.Second), 5, 79)
+	if r := l.Allow(t0.Add(time.Second), "k"); !r.Allowed || r.Mark != 0 {
+		t.Fatalf("a credit under the key's mark: %+v, want admitted here", r)
+	}
 }
 
 // TestGive: tokens given back go to a key decided here (unmarked, or on a

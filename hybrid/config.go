@@ -99,7 +99,9 @@ func (p Policy) String() string {
 type Source int
 
 const (
-	// SourceLease: the key's leased share of a Hybrid limit.
+	// SourceLease: the key's leased share of a Hybrid limit, or a few
+	// tokens Redis handed a key decided exactly ahead of its next requests
+	// here (credit; Status.LeasedKeys does not count such a key).
 	SourceLease Source = iota + 1
 	// SourceLocal: the local quota, rate/N (Local mode, or the FailLocal
 	// policy).

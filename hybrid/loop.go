@@ -153,24 +153,9 @@ func (l *Limiter) tick(now time.Time, b *batch) {
 	switch {
 	case len(b.asks) > 0:
 		l.renew(now, b)
-	case probe:
+	case probe || suspect:
 		l.probe(set)
-	case suspect:
-		l.check()
 	}
-}
-
-// check degrades every limit that uses Redis if Redis does not answer a
-// PING: an exact decision failed, and no renewal is on its way to tell.
-// Decisions then stop waiting on Redis (invariant 3) and follow their
-// policies, until a probe finds Redis back. On a Cluster every master is
-// pinged, and one answer means Redis is there (global.Store.Ping).
-func (l *Limiter) check() {
-	if err := l.ping(); err != nil {
-		l.setAllDegraded(true, &cause{err: err})
-		return
-	}
-	l.health.ok(time.Now())
 }
 
 // reconcile puts the limits as configured now in force in the loop's own
@@ -455,8 +440,14 @@ func (l *Limiter) setAllDegraded(on bool, c *cause) {
 	}
 }
 
-// probe checks whether Redis is back, for degraded limits that have no
-// lease traffic to tell.
+// probe asks Redis with a PING whether it is there, when no renewal is on
+// its way to tell: for a degraded limit (a Global one whose call failed, or
+// every limit after a failed PING), whether it is back; after an exact
+// decision that failed, whether it is gone. An answer restores every
+// limit; none degrades every limit that uses Redis, whichever of the two
+// asked, so that decisions stop waiting on Redis (invariant 3) and follow
+// their policies. On a Cluster every master is pinged, and one answer
+// means Redis is there (global.Store.Ping).
 func (l *Limiter) probe(set *limitSet) {
 	err := l.ping()
 	for _, ls := range set.order {
@@ -467,10 +458,12 @@ func (l *Limiter) probe(set *limitSet) {
 			}
 		}
 	}
-	if err == nil {
-		l.health.ok(time.Now())
-		l.setAllDegraded(false, nil)
+	if err != nil {
+		l.setAllDegraded(true, &cause{err: err})
+		return
 	}
+	l.health.ok(time.Now())
+	l.setAllDegraded(false, nil)
 }
 
 // ping sends one PING, bounded by RedisTimeout.

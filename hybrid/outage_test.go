@@ -191,6 +191,16 @@ func TestOutagePolicies(t *testing.T) {
 				"closed": hybrid.SourceFailClosed, "global": hybrid.SourceFailClosed}
 			// Leases run out within UncontendedTTL (settled ones last that
 			// long); then the policies are in force.
+			defer func() {
+				if t.Failed() {
+					for _, name := range names {
+						for i, l := range inst {
+							st, _ := l.Status(name)
+							t.Logf("%s: last %+v; instance %d: degraded=%v failing=%d leased=%d", name, h.latest(name), i, st.Degraded, st.FailingKeys, st.LeasedKeys)
+						}
+					}
+				}
+			}()
 			eventually(t, longest+time.Second, "every limit follows its policy", func() bool {
 				if !h.sourcesAre(degraded) {
 					return false
@@ -505,4 +515,39 @@ func TestExactUserLeavesForALeaseWhileLost(t *testing.T) {
 		per = append(per, since(admitted[1], at)-since(admitted[1], at+time.Second/2))
 	}
 	t.Logf("instance 1 admitted %v per 500ms; instance 0 %d in all", per, len(admitted[0]))
+}
+
+// TestPingFailureDegradesEveryLimit: once a Global limit has degraded on a
+// failed call, each tick probes Redis with a PING to restore it; a PING
+// that fails degrades every limit, so that a Hybrid limit whose exact
+// takes fail follows its own policy (here FailLocal) too, rather than
+// refusing its keys as an outage until Redis is back.
+func TestPingFailureDegradesEveryLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	limits := []hybrid.Limit{
+		{Name: "global", Rate: 100, Burst: 10, Mode: hybrid.Global, OnOutage: hybrid.FailClosed},
+		// A burst too small to lease: its keys are decided exactly, and no
+		// renewal round tells the loop that Redis is gone.
+		{Name: "hybrid", Rate: 100, Burst: 2, Mode: hybrid.Hybrid, OnOutage: hybrid.FailLocal},
+	}
+	l := cluster(t, srv, 1, nil, limits...)[0]
+	ctx := context.Background()
+	if _, err := l.Allow(ctx, "hybrid", "k"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause(t, 5*time.Second)
+	// The Global limit degrades on its failed call, before the loop has
+	// seen anything fail.
+	if d, _ := l.Allow(ctx, "global", "k"); d.Source != hybrid.SourceFailClosed {
+		t.Fatalf("a Global decision with Redis paused: %+v, want refused by its policy", d)
+	}
+	if st, _ := l.Status("global"); !st.Degraded {
+		t.Fatalf("the Global limit after its call failed: %+v, want degraded", st)
+	}
+	// A key decided exactly fails its take; the tick's PING fails too.
+	eventually(t, 3*time.Second, "the Hybrid limit degraded, its key decided by FailLocal", func() bool {
+		d, _ := l.Allow(ctx, "hybrid", "fresh")
+		st, _ := l.Status("hybrid")
+		return st.Degraded && d.Source == hybrid.SourceLocal
+	})
 }

@@ -117,7 +117,11 @@ else
     -- rate/n while that is free.
     fair = math.max(want + left / math.max(n, #wants), math.min(rate / n, want + left))
   end
-  granted = math.max(0, math.min(fair, rate - others))
+  -- The others' live credits are tokens out of the pool, which its burst
+  -- must keep room for: the grant leaves the pool that part of the rate
+  -- (of a lease's credit, what its part of the burst does not cover).
+  local room = rate - others - rate * credit_beyond_others(h, now, rate, burst) / burst
+  granted = math.max(0, math.min(fair, room))
   -- While lost, a grant is at most what the instance runs already, or what
   -- the known grants leave (capacity): nobody grows into leases Redis
   -- forgot.
@@ -127,8 +131,9 @@ else
   if running > 0 and running_us > 0 then claim, claim_until = running, now + running_us end
   local born = now
   if own ~= nil then born = own.born end
-  mine = {kind = 'L', gen = gen, granted = granted, want = want, expiry = now + ttl,
-    claim = claim, claim_until = claim_until, born = born}
+  -- The instance may spend its live credit until the grant is in force.
+  mine = carry_credit({kind = 'L', gen = gen, granted = granted, want = want, expiry = now + ttl,
+    claim = claim, claim_until = claim_until, born = born}, own, now)
   redis.call('HSET', key, self, encode(mine))
   in_us = ttl
 end
@@ -138,23 +143,23 @@ if mine ~= nil then held_after = held_after + holds(mine, now) end
 local f_after = pool_frac(held_after, rate, lost, known)
 
 -- The pool refills at the size the records gave it until now, and at its
--- new size from now on: it is stored at now whenever its size changes.
--- A missing pool is full, at any size: it stays missing unless it grows.
+-- new size from now on: a pool is stored at now by every ask, since the
+-- ask may change its size, or delete records whose credits capped it
+-- (pool_at; a released record's credit stops counting from now). A
+-- missing pool is full, at any size: it stays missing unless it grows.
 local tokens = nil
-if h.pool ~= nil then tokens = pool_at(h.pool, now, rate, burst, f_before) end
-local store = math.abs(f_after - f_before) > 1e-12 and (h.pool ~= nil or f_after > f_before)
+if h.pool ~= nil then tokens = pool_at(h.pool, now, rate, burst, f_before, h.credits) end
+local store = h.pool ~= nil or f_after > f_before + 1e-12
 if drain and granted > 0 then
   -- Moved, not copied: the lease's part of the burst, at most what the
   -- pool holds.
-  local have = tokens or burst * f_before
+  local have = tokens or pool_cap(burst, f_before, h.credits, now)
   drained = math.max(0, math.min(math.floor(burst * granted / rate + eps), math.floor(have + eps)))
   tokens, store = math.max(0, have - drained), true
 end
 if store then
-  tokens = math.min(tokens or burst * f_before, burst * f_after)
+  tokens = math.min(tokens or pool_cap(burst, f_before, h.credits, now), pool_cap(burst, f_after, h.credits, now))
   redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))
-elseif tokens ~= nil then
-  tokens = math.min(tokens, burst * f_after)
 end
 
 local last, lease_last = hash_ends(h, mine, lost, now)

@@ -32,6 +32,17 @@ type record struct {
 	// record): younger than an ask's YoungFor, it does not cut the ask's
 	// fair share.
 	bornUS int64
+	// credit tokens handed ahead, live until creditUS, named creditID.
+	credit             float64
+	creditUS, creditID int64
+}
+
+// creditAt is r's live credit at server time nowUS.
+func (r record) creditAt(nowUS int64) float64 {
+	if r.creditUS > nowUS {
+		return r.credit
+	}
+	return 0
 }
 
 // holds is what the instance of r may be running at server time nowUS.
@@ -51,16 +62,16 @@ func (r record) holds(nowUS int64) float64 {
 
 // live reports whether r has not ended at nowUS.
 func (r record) live(nowUS int64) bool {
-	return r.expiryUS > nowUS || (r.lease && r.claimUS > nowUS)
+	return r.expiryUS > nowUS || (r.lease && r.claimUS > nowUS) || r.creditUS > nowUS
 }
 
 // parseRecord parses one "i:<instance>" value of a placement hash.
 func parseRecord(v string) (record, error) {
 	f := strings.Fields(v)
 	var r record
-	var errs [7]error
+	var errs [10]error
 	switch {
-	case len(f) == 8 && f[0] == "L":
+	case len(f) == 11 && f[0] == "L":
 		r.lease = true
 		r.gen, errs[0] = strconv.Atoi(f[1])
 		r.granted, errs[1] = strconv.ParseFloat(f[2], 64)
@@ -69,7 +80,7 @@ func parseRecord(v string) (record, error) {
 		r.claim, errs[4] = strconv.ParseFloat(f[5], 64)
 		r.claimUS, errs[5] = strconv.ParseInt(f[6], 10, 64)
 		r.bornUS, errs[6] = strconv.ParseInt(f[7], 10, 64)
-	case len(f) == 7 && f[0] == "X":
+	case len(f) == 10 && f[0] == "X":
 		r.gen, errs[0] = strconv.Atoi(f[1])
 		r.demand, errs[1] = strconv.ParseFloat(f[2], 64)
 		r.atUS, errs[2] = strconv.ParseInt(f[3], 10, 64)
@@ -77,8 +88,12 @@ func parseRecord(v string) (record, error) {
 		r.expiryUS, errs[4] = strconv.ParseInt(f[5], 10, 64)
 		r.bornUS, errs[6] = strconv.ParseInt(f[6], 10, 64)
 	default:
-		return record{}, fmt.Errorf("%q: want L and 7 fields or X and 6", v)
+		return record{}, fmt.Errorf("%q: want L and 10 fields or X and 9", v)
 	}
+	n := len(f)
+	r.credit, errs[7] = strconv.ParseFloat(f[n-3], 64)
+	r.creditUS, errs[8] = strconv.ParseInt(f[n-2], 10, 64)
+	r.creditID, errs[9] = strconv.ParseInt(f[n-1], 10, 64)
 	if err := errors.Join(errs[:]...); err != nil {
 		return record{}, err
 	}
@@ -156,6 +171,15 @@ func (h placementHash) held() float64 {
 	return s
 }
 
+// credits is the live credit of all the records of h.
+func (h placementHash) credits() float64 {
+	s := 0.0
+	for _, r := range h.records {
+		s += r.creditAt(h.now)
+	}
+	return s
+}
+
 // poolFrac is the fraction of the rate and burst the pool of h holds, n
 // being N-hat (see pool_frac in placement.lua).
 func (h placementHash) poolFrac(rate float64, n int) float64 {
@@ -181,7 +205,7 @@ func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
 
 func TestRecordKey(t *testing.T) {
 	store := global.New(noNetwork{}, "p")
-	if got := store.RecordKey("api", "k"); got != "p:v3:{api:k}" {
+	if got := store.RecordKey("api", "k"); got != "p:v4:{api:k}" {
 		t.Errorf("RecordKey(api, k) = %q", got)
 	}
 	// Keys named by their hash in BucketKey are named so here too: the
@@ -189,11 +213,11 @@ func TestRecordKey(t *testing.T) {
 	for _, key := range []string{"k", strings.Repeat("k", global.MaxKeyBytes+1), "a{b}", "#x"} {
 		got, bucket := store.RecordKey("api", key), store.BucketKey("api", key)
 		tag := strings.TrimSuffix(strings.TrimPrefix(bucket, "p:"), ":tb")
-		if got != "p:v3:"+tag || (key != "k" && !strings.HasPrefix(tag, "{api:#")) {
+		if got != "p:v4:"+tag || (key != "k" && !strings.HasPrefix(tag, "{api:#")) {
 			t.Errorf("RecordKey(api, %.20q) = %q beside BucketKey %q", key, got, bucket)
 		}
 	}
-	if global.New(noNetwork{}, "").RecordKey("l", "k") != global.DefaultPrefix+":v3:{l:k}" {
+	if global.New(noNetwork{}, "").RecordKey("l", "k") != global.DefaultPrefix+":v4:{l:k}" {
 		t.Error("an empty prefix is not DefaultPrefix")
 	}
 }

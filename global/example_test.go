@@ -36,7 +36,7 @@ func ExampleStore_BucketKey() {
 	// Output:
 	// hybridlimit:{api:user-42}:tb
 	// hybridlimit:{api:#65e71849571b9e2853899da1ae2204cf452bad83e4c635673b6c82ab0df15887}:tb
-	// hybridlimit:v3:{api:#65e71849571b9e2853899da1ae2204cf452bad83e4c635673b6c82ab0df15887}
+	// hybridlimit:v4:{api:#65e71849571b9e2853899da1ae2204cf452bad83e4c635673b6c82ab0df15887}
 }
 
 // This example needs a Redis server, so it is compiled but not run.

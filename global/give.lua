@@ -12,7 +12,8 @@
 -- Had the tokens never been taken, the pool would have been full sooner
 -- and lost up to a refill's worth of them since (at most rate per
 -- second): only the rest goes back, and never above the pool's burst (its
--- fraction of the limit's, pool_frac), so that the pool holds at most what
+-- fraction of the limit's, pool_frac) less the live credits (pool_cap),
+-- so that the pool holds at most what
 -- it would hold had the request never come, and what the cluster admits,
 -- less the requests given back, stays within rate·w + burst. A missing
 -- pool is full: it takes nothing back. No record changes.
@@ -31,10 +32,10 @@ give = math.max(0, give - math.max(0, now - since) * rate / 1000000)
 
 -- No instance's record is this script's own: every lease is another's.
 local h = read_hash(redis.call('HGETALL', key), '', now)
-if h.pool == nil then return string.format('%.17g', burst * pool_frac(held_by_others(h, now), rate, h.lost, h.known)) end
-hdel(key, h.dead)
 local f = pool_frac(held_by_others(h, now), rate, h.lost, h.known)
-local tokens = math.min(pool_at(h.pool, now, rate, burst, f) + give, burst * f)
+if h.pool == nil then return string.format('%.17g', pool_cap(burst, f, h.credits, now)) end
+hdel(key, h.dead)
+local tokens = math.min(pool_at(h.pool, now, rate, burst, f, h.credits) + give, pool_cap(burst, f, h.credits, now))
 redis.call('HSET', key, 'p', string.format('%.17g %d', tokens, now))
 local last, lease_last = hash_ends(h, nil, h.lost, now)
 expire_hash(key, now, last, lease_last, tokens, burst, rate)

@@ -3,7 +3,8 @@
 --
 -- Fields:
 --   "i:<instance>"  the instance's record, one of
---     "L gen granted want expiry_us claim claim_until_us born_us"
+--     "L gen granted want expiry_us claim claim_until_us born_us
+--      credit credit_end_us credit_id"
 --                   a lease: the instance may admit granted tokens/s until
 --                   expiry_us, and said it runs claim tokens/s until
 --                   claim_until_us (what it runs until it hears the answer
@@ -11,7 +12,8 @@
 --                   of the two while each lasts (holds), and the same part
 --                   of the burst, burst * holds / rate. Its want counts as
 --                   demand while expiry_us is ahead;
---     "X gen demand at_us asked expiry_us born_us"
+--     "X gen demand at_us asked expiry_us born_us credit credit_end_us
+--      credit_id"
 --                   an exact user: it runs nothing locally and takes each
 --                   decision from the pool (take.lua), so it holds 0.
 --                   demand is in tokens/s at at_us, decayed over
@@ -28,6 +30,14 @@
 --                   than the ask's young_us (ask.lua) does not cut the
 --                   other leases' fair shares: a pulse that may end before
 --                   a cut lands takes only what is free;
+--                   credit is the tokens take.lua last handed the
+--                   instance ahead of its next requests, which it may
+--                   admit locally until credit_end_us; credit_id names
+--                   them (their hand-out time modulo 2^32). A credit is
+--                   live until it ends, or until a take of the instance
+--                   names it (it is spent), and carried over by every
+--                   record of the instance that replaces this one. Live
+--                   credits are tokens out of the pool: see pool_at;
 --   "p"             the pool, a token bucket "tokens last_us". A missing
 --                   pool is full;
 --   "lost"          "until_us known": Redis lost records that instances may
@@ -47,7 +57,10 @@
 -- (pool_frac). Nobody without a record runs anything, so Redis counts every
 -- instance at what it may be running: the sum of what the lease records
 -- hold and of the pool's rate is at most the rate, and the same of the
--- burst.
+-- burst. The pool and the live credits together hold at most the pool's
+-- burst (pool_cap), and a grant leaves the pool room for the other
+-- instances' live credits beyond their leases' parts of the burst
+-- (credit_beyond_others, ask.lua).
 --
 -- Redis runs this as Lua 5.1 and forbids globals: every name is local.
 
@@ -87,36 +100,57 @@ local function decayed(d, at, now)
 end
 
 -- decode reads a record: {kind = 'L', gen, granted, want, expiry, claim,
--- claim_until, born} or {kind = 'X', gen, demand, at, asked, expiry, born};
--- nil if it cannot be read. One anchored match a record: a take reads
--- every record of the hash, and splitting them word by word cost it more
--- than all the rest.
+-- claim_until, born, credit, credit_end, credit_id} or {kind = 'X', gen,
+-- demand, at, asked, expiry, born, credit, credit_end, credit_id}; nil if
+-- it cannot be read. One anchored match a record: a take reads every
+-- record of the hash, and splitting them word by word cost it more than
+-- all the rest.
 local function decode(v)
-  local k, a, b, c, d, e, f, g = string.match(v, '^([LX]) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ?(%S*)$')
-  if k == 'L' and g ~= '' then
-    local r = {kind = 'L', gen = gen_of(a), granted = num(b), want = num(c),
-      expiry = num(d), claim = num(e), claim_until = num(f), born = num(g)}
-    if r.gen and r.granted and r.want and r.expiry and r.claim and r.claim_until and r.born
-      and r.granted >= 0 and r.want >= 0 and r.claim >= 0 then
-      return r
-    end
-  elseif k == 'X' and g == '' then
-    local r = {kind = 'X', gen = gen_of(a), demand = num(b), at = num(c),
-      asked = num(d), expiry = num(e), born = num(f)}
-    if r.gen and r.demand and r.at and r.asked and r.expiry and r.born and r.demand >= 0 and r.asked >= 0 then
-      return r
-    end
+  local k, a, b, c, d, e, f, g, h, i, j = string.match(v,
+    '^([LX]) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) ?(%S*)$')
+  local r
+  if k == 'L' and j ~= '' then
+    r = {kind = 'L', gen = gen_of(a), granted = num(b), want = num(c),
+      expiry = num(d), claim = num(e), claim_until = num(f), born = num(g),
+      credit = num(h), credit_end = num(i), credit_id = num(j)}
+    if not (r.granted and r.want and r.expiry and r.claim and r.claim_until
+      and r.granted >= 0 and r.want >= 0 and r.claim >= 0) then return nil end
+  elseif k == 'X' and j == '' then
+    r = {kind = 'X', gen = gen_of(a), demand = num(b), at = num(c),
+      asked = num(d), expiry = num(e), born = num(f),
+      credit = num(g), credit_end = num(h), credit_id = num(i)}
+    if not (r.demand and r.at and r.asked and r.expiry and r.demand >= 0 and r.asked >= 0) then return nil end
+  else
+    return nil
   end
+  if r.gen and r.born and r.credit and r.credit_end and r.credit_id and r.credit >= 0 then return r end
   return nil
 end
 
 -- encode writes record r for decode.
 local function encode(r)
+  local c = string.format('%d %d %d', r.credit, r.credit_end, r.credit_id)
   if r.kind == 'L' then
-    return string.format('L %d %.17g %.17g %d %.17g %d %d',
-      r.gen, r.granted, r.want, r.expiry, r.claim, r.claim_until, r.born)
+    return string.format('L %d %.17g %.17g %d %.17g %d %d %s',
+      r.gen, r.granted, r.want, r.expiry, r.claim, r.claim_until, r.born, c)
   end
-  return string.format('X %d %.17g %d %.17g %d %d', r.gen, r.demand, r.at, r.asked, r.expiry, r.born)
+  return string.format('X %d %.17g %d %.17g %d %d %s', r.gen, r.demand, r.at, r.asked, r.expiry, r.born, c)
+end
+
+-- credit_of is the live credit of record r (nil: none) at now, in tokens.
+local function credit_of(r, now)
+  if r == nil or not (r.credit_end > now) then return 0 end
+  return r.credit
+end
+
+-- carry_credit gives record r the credit of record old (nil: none) that
+-- is live at now, or none, and returns r.
+local function carry_credit(r, old, now)
+  r.credit, r.credit_end, r.credit_id = 0, 0, 0
+  if credit_of(old, now) > 0 then
+    r.credit, r.credit_end, r.credit_id = old.credit, old.credit_end, old.credit_id
+  end
+  return r
 end
 
 -- holds is the rate the instance of record r may be running at now: for a
@@ -131,10 +165,10 @@ local function holds(r, now)
 end
 
 -- record_end is when record r ends: a lease when its grant and its claim
--- both have, an exact user at its expiry.
+-- both have, an exact user at its expiry; either not before its credit.
 local function record_end(r)
-  if r.kind == 'L' then return math.max(r.expiry, r.claim_until) end
-  return r.expiry
+  if r.kind == 'L' then return math.max(r.expiry, r.claim_until, r.credit_end) end
+  return math.max(r.expiry, r.credit_end)
 end
 
 -- read_hash sorts out the fields of the hash at server time now for
@@ -144,13 +178,15 @@ end
 --   leases  the other instances' live lease records;
 --   exact   the other instances' live exact records;
 --   pool    {tokens, last} as stored, or nil if there is none;
+--   credits every readable record's credit {tokens, end_us}, this
+--           instance's and ended records' included (see pool_at);
 --   lost    until when Redis lost records, nil if it did not or that ended;
 --   q_at, q_by  the latest turn and whose it is, nil if none or it passed.
 -- With others_expiry, the other instances' exact records are read for
--- their expiry alone (take.lua needs no more of them).
+-- their ends and their credit alone (take.lua needs no more of them).
 local function read_hash(fields, inst, now, others_expiry)
   local self = 'i:' .. inst
-  local h = {dead = {}, leases = {}, exact = {}}
+  local h = {dead = {}, leases = {}, exact = {}, credits = {}}
   for i = 1, #fields, 2 do
     local id, v = fields[i], fields[i + 1]
     local ok = true
@@ -172,14 +208,16 @@ local function read_hash(fields, inst, now, others_expiry)
     elseif string.sub(id, 1, 2) == 'i:' then
       local r
       if others_expiry and id ~= self and string.sub(v, 1, 2) == 'X ' then
-        -- Of another instance's exact record, only its end is needed:
-        -- one whose end reads is kept as it is until an ask reads it whole
-        -- (and deletes it if it cannot).
-        local e = num(string.match(v, '^X %S+ %S+ %S+ %S+ (%S+)'))
-        if e then r = {kind = 'X', expiry = e} end
+        -- Of another instance's exact record, only its ends and its
+        -- credit are needed: one whose fields read is kept as it is until
+        -- an ask reads it whole (and deletes it if it cannot).
+        local e, c, ce = string.match(v, '^X %S+ %S+ %S+ %S+ (%S+) %S+ (%S+) (%S+)')
+        e, c, ce = num(e), num(c), num(ce)
+        if e and c and ce and c >= 0 then r = {kind = 'X', expiry = e, credit = c, credit_end = ce} end
       else
         r = decode(v)
       end
+      if r ~= nil and r.credit > 0 then h.credits[#h.credits + 1] = {r.credit, r.credit_end} end
       ok = r ~= nil and record_end(r) > now
       if not ok then
         -- dead
@@ -226,14 +264,56 @@ local function pool_frac(held, rate, lost, known)
   return f
 end
 
+-- credits_after is the sum of the credits (as read_hash lists them) that
+-- are live at t: that end after it.
+local function credits_after(credits, t)
+  local s = 0
+  for _, c in ipairs(credits) do
+    if c[2] > t then s = s + c[1] end
+  end
+  return s
+end
+
+-- credit_beyond_others is the live credit of the other instances' records
+-- of h at now beyond their leases' parts of the burst (burst * holds /
+-- rate): an instance that spends its credit until its grant is in force,
+-- and then a lease bucket that starts from what is left of it, admits at
+-- most the larger of the two at once. An exact record's credit counts
+-- whole.
+local function credit_beyond_others(h, now, rate, burst)
+  local s = 0
+  for _, l in ipairs(h.leases) do s = s + math.max(0, credit_of(l, now) - burst * holds(l, now) / rate) end
+  for _, x in ipairs(h.exact) do s = s + credit_of(x, now) end
+  return s
+end
+
+-- pool_cap is what the pool may hold at t, at a fraction f of burst: its
+-- burst less the credits live at t, which are tokens out of it.
+local function pool_cap(burst, f, credits, t)
+  return math.max(0, burst * f - credits_after(credits, t))
+end
+
 -- pool_at is what pool p (nil: none, which is full) holds at now, refilled
 -- since it was stored at a fraction f of rate, up to that fraction of
--- burst. The server clock may step back after a failover: the pool never
--- refills negatively.
-local function pool_at(p, now, rate, burst, f)
-  local cap = burst * f
-  if p == nil then return cap end
-  return math.min(p.tokens + math.max(0, now - p.last) * rate * f / 1000000, cap)
+-- burst less the credits live (pool_cap). Every credit was handed at or
+-- before the pool's last write (each hand-out writes it), so the cap only
+-- rises between then and now, as credits end: the pool refills piecewise
+-- across their ends, and a credit that ends lets it refill from then on,
+-- never jump. The server clock may step back after a failover: the pool
+-- never refills negatively.
+local function pool_at(p, now, rate, burst, f, credits)
+  if p == nil then return pool_cap(burst, f, credits, now) end
+  local ends = {}
+  for _, c in ipairs(credits) do
+    if c[2] > p.last and c[2] < now then ends[#ends + 1] = c[2] end
+  end
+  table.sort(ends)
+  local t, tokens = p.last, p.tokens
+  for _, e in ipairs(ends) do
+    tokens = math.min(tokens + (e - t) * rate * f / 1000000, pool_cap(burst, f, credits, t))
+    t = e
+  end
+  return math.min(tokens + math.max(0, now - t) * rate * f / 1000000, pool_cap(burst, f, credits, now))
 end
 
 -- water_fill is the max-min fair split of rate over wants, which it sorts:
@@ -266,7 +346,7 @@ end
 -- expire_hash makes key live until last (us), the end of its latest record,
 -- "lost" or "q", and until its pool would be full again: tokens (nil: no
 -- pool, which is full) refill at the full rate to the full burst at the
--- latest once lease_last, the end of the latest lease record and of
+-- latest once lease_last, the end of the latest lease record, credit and
 -- "lost", has passed. A hash with nothing left to keep is deleted.
 local function expire_hash(key, now, last, lease_last, tokens, burst, rate)
   if tokens ~= nil and tokens < burst then
@@ -286,16 +366,22 @@ end
 
 -- hash_ends is (last, lease_last) for expire_hash: the ends of the records
 -- of h other than this instance's, of mine (this instance's record as the
--- script leaves it, nil: none), of "lost" (lost) and of "q".
+-- script leaves it, nil: none), of "lost" (lost) and of "q"; the ends of
+-- their credits count in lease_last, since the pool's burst grows back
+-- only as they end.
 local function hash_ends(h, mine, lost, now)
   local last, lease_last = now, now
   for _, l in ipairs(h.leases) do
     last = math.max(last, record_end(l))
     lease_last = math.max(lease_last, record_end(l))
   end
-  for _, x in ipairs(h.exact) do last = math.max(last, x.expiry) end
+  for _, x in ipairs(h.exact) do
+    last = math.max(last, record_end(x))
+    lease_last = math.max(lease_last, x.credit_end)
+  end
   if mine ~= nil then
     last = math.max(last, record_end(mine))
+    lease_last = math.max(lease_last, mine.credit_end)
     if mine.kind == 'L' then lease_last = math.max(lease_last, record_end(mine)) end
   end
   if lost ~= nil then

@@ -16,7 +16,7 @@ func ExampleStore_RecordKey() {
 	store := global.New(rdb, "") // no connection is made until a command runs
 	fmt.Println(store.RecordKey("api", "user-42"))
 	// Output:
-	// hybridlimit:v3:{api:user-42}
+	// hybridlimit:v4:{api:user-42}
 }
 
 // An instance decides a key exactly, one take per request, until its

@@ -76,15 +76,15 @@ const MaxKeyBytes = 128
 
 // RecordKey returns the Redis key of the placement hash of (limit, key), in
 // which Store.AskLeases and Store.TakePool keep every instance's record of
-// the key and the key's pool: "<prefix>:v3:{<limit>:<key>}", with key
+// the key and the key's pool: "<prefix>:v4:{<limit>:<key>}", with key
 // hashed if it is longer than MaxKeyBytes, holds a brace or starts with
 // "#". The braces are a Redis Cluster hash tag, the same as BucketKey's:
-// all the keys of one (limit, key) live in one slot. The "v3" names the
-// version of the placement protocol, so that records of another version
-// are never read as these. Limit names should not contain ':', or two
+// all the keys of one (limit, key) live in one slot. The "v4" names the
+// version of the records (placement version 3, its records counting
+// credit), so that records of another version are never read as these. Limit names should not contain ':', or two
 // (limit, key) pairs may share a key.
 func (s *Store) RecordKey(limit, key string) string {
-	return s.prefix + ":v3:" + hashTag(limit, key)
+	return s.prefix + ":v4:" + hashTag(limit, key)
 }
 
 // BucketKey returns the Redis key of the token bucket of (limit, key), the

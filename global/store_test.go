@@ -117,7 +117,7 @@ func TestKeysThatWouldMoveTheHashTagAreHashed(t *testing.T) {
 		if !strings.HasPrefix(bucket, "p:{api:") || !strings.HasSuffix(bucket, "}:tb") {
 			t.Errorf("key %q has the bucket %q: want p:{api:...}:tb", key, bucket)
 		}
-		if tag := strings.TrimSuffix(strings.TrimPrefix(bucket, "p:"), ":tb"); record != "p:v3:"+tag {
+		if tag := strings.TrimSuffix(strings.TrimPrefix(bucket, "p:"), ":tb"); record != "p:v4:"+tag {
 			t.Errorf("key %q has the bucket %q and the placement hash %q: want one hash tag", key, bucket, record)
 		}
 		if other, dup := names[bucket]; dup {

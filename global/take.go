@@ -36,7 +36,8 @@ const maxAsked = 1 << 53
 // before it sent the take), whose rate goes to the pool at once; an exact
 // record newer than Gen is left alone (a stale take); one of the same
 // generation is updated; an older one, or none, is replaced by a new one.
-// Stale or not, the take takes from the pool.
+// Stale or not, the take takes from the pool, and every record it writes
+// carries the instance's live credit over (see Extra).
 type PoolTake struct {
 	// Limit and Key name the placement hash, see Store.RecordKey.
 	Limit, Key string
@@ -70,11 +71,27 @@ type PoolTake struct {
 	// second; a take that starts a record starts it at N per second.
 	Asked int64
 	// Extra is the most tokens, at least 0, to take beyond N with an
-	// admission, ahead of the instance's next requests (Take.Credit):
-	// only from a pool that stays at least half full after them, so that
-	// a key near its limit gets none. The instance admits them locally or
-	// loses them; Redis has counted them taken.
+	// admission, ahead of the instance's next requests (Take.Credit): the
+	// instance's demand on the key (as measured from Asked) over
+	// CreditTTL, at least 1 token and at most Extra, only from a pool
+	// that stays at least half full of its burst after them, so that a
+	// key near its limit gets none, and only to an instance whose record
+	// holds no live credit. The instance admits them locally within CreditTTL of sending
+	// the take, or loses them. Redis counts them out of the pool until
+	// CreditTTL has passed or a take names them (CreditID): the pool and
+	// the live credits together hold at most the pool's burst, and a
+	// credit that ends lets the pool refill from then on, not jump.
 	Extra int
+	// CreditTTL is how long a credit handed by this take lives, at least
+	// one microsecond when Extra is above 0.
+	CreditTTL time.Duration
+	// CreditID is the Take.CreditID of the last credit the instance was
+	// handed on the key, which it has spent or let end (it takes from the
+	// pool only then), or 0 if none: if the instance's record still counts
+	// that credit, it stops counting it from now. A take that raced with
+	// the answer that handed a newer credit names the older one, and ends
+	// nothing.
+	CreditID uint32
 }
 
 // validate checks r fully, so that no take that Lua would reject reaches
@@ -97,6 +114,8 @@ func (r *PoolTake) validate() error {
 		return fmt.Errorf("%w: ttl %v is less than 1µs", ErrInvalid, r.TTL)
 	case r.Extra < 0:
 		return fmt.Errorf("%w: extra %d is negative", ErrInvalid, r.Extra)
+	case r.CreditTTL < 0 || (r.Extra > 0 && r.CreditTTL < time.Microsecond):
+		return fmt.Errorf("%w: credit ttl %v is less than 1µs", ErrInvalid, r.CreditTTL)
 	case r.Asked < 0 || r.Asked > maxAsked:
 		return fmt.Errorf("%w: asked %d is not from 0 to 2^53", ErrInvalid, r.Asked)
 	}
@@ -112,9 +131,12 @@ func (r *PoolTake) validate() error {
 // caller's own included when the take keeps it; while Redis has lost
 // records (see LeaseGrant.Lost), at most X/Instances, X being the exact
 // users, the caller counted as one unless the take keeps its lease. It
-// refills at its rate up to its burst; a pool that does not exist yet is
-// full, so a client's burst of up to Burst on a fresh key is admitted
-// whole. The Take reports both (Take.PoolRate, Take.PoolBurst); RetryAfter
+// refills at its rate up to its burst less the credits live (see
+// PoolTake.Extra), piecewise across the ends of the credits, so that a
+// credit that ends lets the pool refill from then on; a pool that does
+// not exist yet is full, so a client's burst of up to Burst on a fresh key
+// is admitted whole. The Take reports the pool's rate and burst
+// (Take.PoolRate, Take.PoolBurst); RetryAfter
 // is Never when r.N exceeds the pool's burst or its rate is 0, so the
 // caller may ask again once the leases have shrunk.
 //
@@ -149,6 +171,8 @@ func (s *Store) TakePool(ctx context.Context, r PoolTake) (Take, error) {
 		strconv.Itoa(r.N),
 		strconv.FormatInt(r.Asked, 10),
 		strconv.Itoa(r.Extra),
+		strconv.FormatUint(uint64(r.CreditID), 10),
+		strconv.FormatInt(int64(r.CreditTTL/time.Microsecond), 10),
 	}
 	cmd := takeScript.EvalSha(ctx, s.rdb, keys, args...)
 	if isNoScript(cmd.Err()) {
@@ -184,5 +208,8 @@ func parsePoolTake(v any) (Take, error) {
 		return Take{}, fmt.Errorf("%w: %q", ErrReply, f)
 	}
 	t.PoolRate, t.PoolBurst, t.Turn, t.Credit = rate, burst, time.Duration(turn)*time.Microsecond, credit
+	if credit > 0 {
+		t.CreditID = uint32(t.At.UnixMicro()) // as take.lua names it
+	}
 	return t, nil
 }

@@ -14,8 +14,16 @@
 --          on the key, this take's included (>= 0)
 -- ARGV[9]  extra (>= 0): with an admission, up to this many tokens more,
 --          taken ahead of the instance's next requests (credit), only
---          from a pool that stays at least half full: a key near its
---          limit gets none
+--          from a pool that stays at least half full of its burst: a key
+--          near its limit gets none. The credit is the instance's
+--          demand over credit_us, at least 1 token and at most extra, and
+--          handed only to an instance without a live credit
+-- ARGV[10] credit_id (0 to 2^32-1): the id of the last credit the instance
+--          was handed on the key (0: none), which it has spent or let end:
+--          a live credit of that id stops counting from now (a credit of
+--          id 0 lives until it ends)
+-- ARGV[11] credit_us (>= 0): how long a credit handed now lives; 0 hands
+--          none
 --
 -- The instance's record, by its generation and the take's:
 --   a lease as new as the take or newer: the lease was asked for in the
@@ -30,6 +38,9 @@
 --   none, or an older exact record: a new exact record, at the demand of
 --     this take's tokens.
 --
+-- Every record of the instance carries its live credit over (see
+-- placement.lua), stale or not.
+--
 -- Returns {allowed, tokens left, retry_us, pool_rate, pool_burst, turn_us,
 -- credit, now_us}
 -- as strings, because Redis truncates Lua numbers to integers. retry_us is
@@ -43,8 +54,10 @@ local key, inst = KEYS[1], ARGV[1]
 local gen = gen_of(ARGV[2])
 local rate, burst, n, ttl = num(ARGV[3]), num(ARGV[4]), num(ARGV[5]), num(ARGV[6])
 local take, asked, extra = num(ARGV[7]), num(ARGV[8]), num(ARGV[9])
+local credit_id, credit_us = num(ARGV[10]), num(ARGV[11])
 if not (inst ~= nil and inst ~= '' and gen and rate and burst and n and ttl and take and asked and extra
-  and rate > 0 and burst >= 1 and n >= 1 and ttl >= 1 and take >= 0 and asked >= 0 and extra >= 0) then
+  and credit_id and credit_us and rate > 0 and burst >= 1 and n >= 1 and ttl >= 1 and take >= 0
+  and asked >= 0 and extra >= 0 and credit_id >= 0 and credit_id < 4294967296 and credit_us >= 0) then
   return redis.error_reply('ERR hybridlimit: invalid take arguments')
 end
 
@@ -66,7 +79,8 @@ if own ~= nil then held_before = held_before + holds(own, now) end
 if keep then held_after = held_after + holds(own, now) end
 local f = pool_frac(held_after, rate, h.lost, h.known)
 local pool_rate, pool_burst = rate * f, burst * f
-local tokens = math.min(pool_at(h.pool, now, rate, burst, pool_frac(held_before, rate, h.lost, h.known)), pool_burst)
+local tokens = math.min(pool_at(h.pool, now, rate, burst, pool_frac(held_before, rate, h.lost, h.known), h.credits),
+  pool_cap(burst, f, h.credits, now))
 
 -- The caller's record as the take leaves it, and its demand.
 local mine = own
@@ -90,7 +104,17 @@ else
   end
   local born = now
   if own ~= nil then born = own.born end
-  mine = {kind = 'X', gen = gen, demand = demand, at = now, asked = asked, expiry = now + ttl, born = born}
+  mine = carry_credit({kind = 'X', gen = gen, demand = demand, at = now, asked = asked, expiry = now + ttl,
+    born = born}, own, now)
+end
+
+-- A take that names the caller's live credit says that it is spent, or
+-- ended there: it stops counting from now. The tokens worked out at now
+-- stay as they are; only the pool's refill from now on has the room.
+local write = mine ~= own
+if credit_id ~= 0 and credit_of(mine, now) > 0 and mine.credit_id == credit_id then
+  mine.credit, mine.credit_end, mine.credit_id = 0, 0, 0
+  write = true
 end
 
 -- refill is the rate the turns are worked out at: the pool's, or for an
@@ -133,11 +157,17 @@ local allowed, retry, turn_us, credit = '0', 0, 0, 0
 if take <= tokens + eps then
   allowed = '1'
   tokens = math.max(0, tokens - take)
-  if take > 0 then
+  if take > 0 and credit_us > 0 and credit_of(mine, now) == 0 then
     -- Credit: taken now, admitted by the instance before its next take,
-    -- from a pool at least half full after it.
-    credit = math.max(0, math.min(extra, math.floor(tokens - pool_burst / 2 + eps)))
-    tokens = tokens - credit
+    -- from a pool at least half full after it, and counted in its record
+    -- until it ends or a take names it.
+    local size = math.min(extra, math.max(1, math.floor(demand * credit_us / 1000000 + eps)))
+    credit = math.max(0, math.min(size, math.floor(tokens - pool_burst / 2 + eps)))
+    if credit > 0 then
+      tokens = tokens - credit
+      mine.credit, mine.credit_end, mine.credit_id = credit, now + credit_us, now % 4294967296
+      write = true
+    end
   end
   if take > 0 and tokens + eps < 1 and pool_rate > 0 then
     -- The caller emptied the pool: its next take, of one token as most
@@ -154,7 +184,7 @@ else
 end
 
 local pool = string.format('%.17g %d', tokens, now)
-if mine ~= own then
+if write then
   redis.call('HSET', key, self, encode(mine), 'p', pool)
 else
   redis.call('HSET', key, 'p', pool)

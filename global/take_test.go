@@ -358,6 +358,8 @@ type simInstance struct {
 	run   float64   // simLeased: the grant it runs until until
 	until time.Time // simLeased
 	asked int64
+	// credit is the id of the last credit it was handed.
+	credit uint32
 	// pending is the answer to its latest ask, on its way: it is heard at
 	// a later step if the instance is still where it asked from.
 	pending *simAnswer
@@ -450,7 +452,8 @@ func TestTakePoolRefillsAtTheSizeItHad(t *testing.T) {
 // plus the pool's rate is at most the rate; and unless the key is lost
 // (see placementRandomInvariant), what the lease records hold plus the
 // pool's rate is at most the rate, the same of the burst, and the pool
-// holds at most its burst.
+// holds at most its burst less the live credits (takes ask for credit,
+// and name the last credit they were handed, even when held back).
 //
 // The simulated instances bump their generation at every ask, not only at
 // every change of placement: of two asks of one generation, the one that
@@ -528,6 +531,9 @@ func placementRandomInvariant(t *testing.T, srv *redistest.Server, rate float64,
 		if tk.Allowed {
 			stats[2]++
 		}
+		if tk.Credit > 0 {
+			m.inst.credit = tk.CreditID
+		}
 		return global.LeaseGrant{}, false
 	}
 	// post sends m, or holds it back one time in eight; it reports the
@@ -553,7 +559,8 @@ func placementRandomInvariant(t *testing.T, srv *redistest.Server, rate float64,
 		k := rng.IntN(3)
 		s.asked += int64(k)
 		post(simMsg{inst: s, gen: s.gen, take: &global.PoolTake{Limit: "inv", Key: "k", Instance: s.id, Gen: s.gen,
-			Rate: rate, Burst: burst, Instances: n, N: k, TTL: time.Duration(1+rng.IntN(30)) * time.Millisecond, Asked: s.asked}})
+			Rate: rate, Burst: burst, Instances: n, N: k, TTL: time.Duration(1+rng.IntN(30)) * time.Millisecond, Asked: s.asked,
+			Extra: rng.IntN(3), CreditTTL: time.Duration(1+rng.IntN(30)) * time.Millisecond, CreditID: s.credit}})
 	}
 
 	// answer has s hear a now, or one time in three at a later step: an
@@ -658,8 +665,9 @@ func placementRandomInvariant(t *testing.T, srv *redistest.Server, rate float64,
 				float64(burst)*held/rate+float64(burst)*f > float64(burst)*(1+tol) {
 				t.Fatalf("step %d: the lease records hold %v and the pool %v of the rate %v: %+v", step, held, rate*f, rate, h)
 			}
-			if h.hasPool && h.tokens > float64(burst)*f*(1+tol)+tol {
-				t.Fatalf("step %d: the pool holds %v tokens, above its burst %v: %+v", step, h.tokens, float64(burst)*f, h)
+			if c := max(0, float64(burst)*f-h.credits()); h.hasPool && h.tokens > c*(1+tol)+tol {
+				t.Fatalf("step %d: the pool holds %v tokens, above its burst %v less the live credits: %+v",
+					step, h.tokens, c, h)
 			}
 		}
 		// Leases granted before a loss run unseen until they end; held
@@ -681,31 +689,37 @@ func placementRandomInvariant(t *testing.T, srv *redistest.Server, rate float64,
 
 // TestTakePoolCredit: an admission takes up to Extra tokens more, ahead of
 // the instance's next requests, only from a pool that stays at least half
-// full after them; a denial takes none.
+// full after them, and only while the instance holds no live credit; a
+// take that names its credit ends it and may be handed the next; a denial
+// takes none.
 func TestTakePoolCredit(t *testing.T) {
 	srv := redistest.Start(t)
 	store := global.New(srv.Client(t), "")
-	take := func(n, extra int) global.Take {
+	take := func(n, extra int, id uint32) global.Take {
 		t.Helper()
 		tk, err := store.TakePool(context.Background(), global.PoolTake{Limit: "credit", Key: "k", Instance: "a", Gen: 1,
-			Rate: 0.001, Burst: 10, Instances: 2, N: n, TTL: time.Minute, Asked: 1, Extra: extra})
+			Rate: 0.001, Burst: 10, Instances: 2, N: n, TTL: time.Minute, Asked: 1, Extra: extra,
+			CreditTTL: time.Minute, CreditID: id})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tk
 	}
 	// A full pool of 10: 1 taken, 2 more as credit, 7 left.
-	if tk := take(1, 2); !tk.Allowed || tk.Credit != 2 || tk.Remaining != 7 {
+	tk := take(1, 2, 0)
+	if !tk.Allowed || tk.Credit != 2 || tk.Remaining != 7 || tk.CreditID != uint32(tk.At.UnixMicro()) {
 		t.Fatalf("a take with extra 2 from a full pool: %+v, want allowed, credit 2, 7 left", tk)
 	}
-	// 7: 1 taken leaves 6, of which 1 more keeps it at least half full.
-	if tk := take(1, 2); !tk.Allowed || tk.Credit != 1 || tk.Remaining != 5 {
-		t.Fatalf("a take with extra 2 from a pool of 7: %+v, want credit 1, 5 left", tk)
+	// Its credit lives: none more.
+	if tk := take(1, 2, 0); !tk.Allowed || tk.Credit != 0 || tk.Remaining != 6 {
+		t.Fatalf("a take with a credit live: %+v, want no credit, 6 left", tk)
 	}
-	if tk := take(1, 2); !tk.Allowed || tk.Credit != 0 || tk.Remaining != 4 {
-		t.Fatalf("a take with extra 2 from a pool of 5: %+v, want no credit, 4 left", tk)
+	// Named, it ends: 1 taken leaves 5, of which 1 more would leave the
+	// pool less than half full.
+	if tk := take(1, 2, tk.CreditID); !tk.Allowed || tk.Credit != 0 || tk.Remaining != 5 {
+		t.Fatalf("a take naming its credit from a pool of 6: %+v, want no credit, 5 left", tk)
 	}
-	if tk := take(5, 2); tk.Allowed || tk.Credit != 0 {
+	if tk := take(6, 2, 0); tk.Allowed || tk.Credit != 0 {
 		t.Fatalf("a denied take: %+v, want no credit", tk)
 	}
 }

@@ -37,8 +37,12 @@ type Take struct {
 	Turn time.Duration
 	// Credit is, for an admission by TakePool, the tokens taken beyond N
 	// ahead of the caller's next requests (PoolTake.Extra); zero
-	// otherwise, and always for TakeN.
+	// otherwise, and always for TakeN. Redis counts them out of the pool
+	// for PoolTake.CreditTTL from At, or until a take names CreditID.
 	Credit int
+	// CreditID names the Credit, if any: At in microseconds modulo 2^32,
+	// for PoolTake.CreditID. It is 0 without a credit.
+	CreditID uint32
 	// At is the Redis server time the call ran at: what GiveN and
 	// GivePool are told, to give back what a request took.
 	At time.Time

@@ -276,9 +276,9 @@ func TestDecisionsCountedAcrossModeChanges(t *testing.T) {
 	if err := l.SetLimits([]hybrid.Limit{lim}); err != nil {
 		t.Fatal(err)
 	}
-	before := srv.Client(t).HLen(ctx, "hybridlimit:v3:{x:new}").Val()
+	before := srv.Client(t).HLen(ctx, "hybridlimit:v4:{x:new}").Val()
 	decide("a key the Local limit decided, Hybrid again", "new", hybrid.SourceExact)
-	if after := srv.Client(t).HLen(ctx, "hybridlimit:v3:{x:new}").Val(); before != 0 || after == 0 {
+	if after := srv.Client(t).HLen(ctx, "hybridlimit:v4:{x:new}").Val(); before != 0 || after == 0 {
 		t.Errorf("records of the key in Redis: %d before its exact decision, %d after; want 0, then some", before, after)
 	}
 	got := decisionSeries(t, reg)

@@ -258,7 +258,7 @@ func testFault(t *testing.T, f fault) {
 		}
 		// Every key has renewed since the fault, so Redis holds a lease
 		// hash for each (limit, key) again, even after a FLUSHALL.
-		held, err := srv.Client(t).Keys(context.Background(), "hybridlimit:v3:*").Result()
+		held, err := srv.Client(t).Keys(context.Background(), "hybridlimit:v4:*").Result()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -277,7 +277,7 @@ func TestGapReturningIdleKeys(t *testing.T) {
 				return
 			case <-tk.C:
 			}
-			there, err := rdb.HExists(context.Background(), "hybridlimit:v3:{api:k}", "i:instance-1").Result()
+			there, err := rdb.HExists(context.Background(), "hybridlimit:v4:{api:k}", "i:instance-1").Result()
 			switch {
 			case err != nil:
 			case there:
@@ -432,7 +432,7 @@ func TestGapFlushAll(t *testing.T) {
 	flushed := make(chan struct{})
 	flush := func() {
 		// Right after a's next renewal.
-		rec := func() string { return rdb.HGet(context.Background(), "hybridlimit:v3:{api:k}", "i:instance-0").Val() }
+		rec := func() string { return rdb.HGet(context.Background(), "hybridlimit:v4:{api:k}", "i:instance-0").Val() }
 		was := rec()
 		eventually(t, 3*time.Second, "a renews its lease", func() bool { return rec() != was })
 		srv.FlushAll(t)

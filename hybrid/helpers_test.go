@@ -327,13 +327,13 @@ func leaseRecords(t *testing.T, rdb *redis.Client, limit, key string) map[string
 		if !ok {
 			continue
 		}
-		// "L gen granted want expiry_us claim claim_until_us born_us",
-		// or an exact user's "X ...".
+		// "L gen granted want expiry_us claim claim_until_us born_us
+		// credit credit_end_us credit_id", or an exact user's "X ...".
 		parts := strings.Fields(v)
 		if len(parts) > 0 && parts[0] == "X" {
 			continue
 		}
-		if len(parts) != 8 || parts[0] != "L" {
+		if len(parts) != 11 || parts[0] != "L" {
 			t.Fatalf("lease record %s = %q", f, v)
 		}
 		granted, err1 := strconv.ParseFloat(parts[2], 64)

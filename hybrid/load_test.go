@@ -150,7 +150,7 @@ func TestLoadManyKeys(t *testing.T) {
 	})
 	rdb := srv.Client(t)
 	eventually(t, 10*time.Second, "no lease left in Redis", func() bool {
-		held, err := rdb.Keys(context.Background(), "hybridlimit:v3:*").Result()
+		held, err := rdb.Keys(context.Background(), "hybridlimit:v4:*").Result()
 		return err == nil && len(held) == 0
 	})
 	// What a limiter keeps once its keys are gone is a few fixed-size

@@ -136,6 +136,10 @@ type Result struct {
 	// caller that decides it elsewhere can tell what it asked for, held
 	// requests included. 0 for a key decided here.
 	Attempted int64
+	// Credit, for a marked key, is the id of the last credit put in force
+	// on it (see Credit), 0 if none: the credit is spent or has ended,
+	// since the key is decided by the caller. 0 for a key decided here.
+	Credit uint32
 }
 
 // Tally says which decisions of AllowNTallyInto a Limiter counts in its
@@ -246,11 +250,11 @@ type shard struct {
 
 // An entry is one key, held by value in its shard's table beside the
 // key's string. Its times are offsets from the shard's base, 8 bytes each
-// where a time.Time takes 24, which keeps the entry at 80 bytes and the
-// key at 96 in the table: b takes 32 bytes, the key's string 16, the five
-// int64 fields 40 and the flags 8. Another field takes 8 bytes more on
-// every key; TestEntrySize guards it. Every field is guarded by the
-// shard's mu.
+// where a time.Time takes 24, which keeps the entry at 88 bytes and the
+// key at 104 in the table: b takes 32 bytes, the key's string 16, the five
+// int64 fields 40, the flags 8 and credit 8 (4 of them padding). Another
+// field takes 8 bytes more on every key, unless it fits credit's padding;
+// TestEntrySize guards it. Every field is guarded by the shard's mu.
 type entry struct {
 	b         bucket        // by value: one allocation per key, not two
 	last      time.Duration // latest time fed to b; never moves backwards
@@ -260,9 +264,10 @@ type entry struct {
 	attempted int64
 	denied    uint32 // tokens denied, modulo 2^32
 	assigned  bool
-	flagged   bool  // the caller's flag, see SetFlag
-	mark      uint8 // the caller's mark, see SetMark; until then holds the hold (SetHold)
-	lapsed    bool  // the assigned share ended: the key runs at most the default
+	flagged   bool   // the caller's flag, see SetFlag
+	mark      uint8  // the caller's mark, see SetMark; until then holds the hold (SetHold)
+	lapsed    bool   // the assigned share ended: the key runs at most the default
+	credit    uint32 // the id of the last credit put in force, see Credit
 }
 
 // New returns a Limiter for the limit described by cfg.
@@ -434,7 +439,7 @@ func (l *Limiter) passOn(e *entry, now time.Duration, n int, r *Result) bool {
 // marked is the result of a decision on the marked key e at offset now:
 // the caller decides it. Requires the shard's mu held.
 func (l *Limiter) marked(e *entry, now time.Duration) Result {
-	r := Result{Mark: e.mark, Flagged: e.flagged, Attempted: e.attempted}
+	r := Result{Mark: e.mark, Flagged: e.flagged, Attempted: e.attempted, Credit: e.credit}
 	if now < e.until {
 		r.Hold = e.until - now
 	}
@@ -571,16 +576,20 @@ func (l *Limiter) Lease(t time.Time, key string, s Share, until time.Time, next 
 	return l.with(key, func(sh *shard, e *entry) { l.lease(sh, e, t, s, until, next, give) })
 }
 
-// Credit puts tokens handed ahead in force on key from t until until:
-// Lease of a share of rate 0 and burst tokens, starting with them. next is
-// the mark the key's decision that got the credit was made under, and the
-// mark the key keeps: a key that moved on since (another mark, or a share
-// in force, such as a lease put in force while the credit's answer was on
-// its way) is left as it is, and the tokens are not admitted here. It
-// reports false, and does nothing, if the key does not exist.
-func (l *Limiter) Credit(t time.Time, key string, tokens int, until time.Time, next uint8) bool {
+// Credit puts tokens handed ahead in force on key from t until until, and
+// names them id: Lease of a share of rate 0 and burst tokens, starting
+// with them. Once they are spent or until has passed, the key's decisions
+// report id (Result.Credit), so that the caller can say where it decides
+// them that the credit is over. next is the mark the key's decision that
+// got the credit was made under, and the mark the key keeps: a key that
+// moved on since (another mark, or a share in force, such as a lease put
+// in force while the credit's answer was on its way) only records id, and
+// the tokens are not admitted here. It reports false, and does nothing,
+// if the key does not exist.
+func (l *Limiter) Credit(t time.Time, key string, tokens int, until time.Time, next uint8, id uint32) bool {
 	s := fixShare(Share{Burst: tokens})
 	return l.with(key, func(sh *shard, e *entry) {
+		e.credit = id
 		if e.mark != next || e.assigned {
 			return
 		}

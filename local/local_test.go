@@ -373,13 +373,13 @@ func TestConcurrentEvictionAndDecisions(t *testing.T) {
 	wg.Wait()
 }
 
-// TestEntrySize keeps an entry at 80 bytes, 96 with the key's string the
+// TestEntrySize keeps an entry at 88 bytes, 104 with the key's string the
 // table holds beside it, which is what holds the memory per key under
 // twice that of a bare map of limiters: entries are held by value in
 // pages, so every byte it grows by is a byte more on every key.
 func TestEntrySize(t *testing.T) {
-	if got := unsafe.Sizeof(entry{}); got > 80 {
-		t.Fatalf("an entry takes %d bytes, more than 80", got)
+	if got := unsafe.Sizeof(entry{}); got > 88 {
+		t.Fatalf("an entry takes %d bytes, more than 88", got)
 	}
 	// Shards sit on cache lines of their own, so that deciding on keys of
 	// different shards from different cores does not bounce one line.

@@ -173,28 +173,51 @@ func TestLeaseOfRateZero(t *testing.T) {
 	}
 }
 
+// TestCreditID: a credit (Credit) admits its tokens here, and once they
+// are spent, or it has ended, the key's decisions go to the caller and
+// report its id; a key never handed credit reports 0, and a key decided
+// here reports none.
+func TestCreditID(t *testing.T) {
+	l := mustNew(t, Config{Limit: 100, Burst: 10})
+	l.SetNewMark(4)
+	if r := l.Allow(t0, "k"); r.Mark != 4 || r.Credit != 0 {
+		t.Fatalf("a fresh marked key: %+v, want mark 4, no credit", r)
+	}
+	l.Credit(t0, "k", 1, t0.Add(time.Second), 4, 77)
+	if r := l.Allow(t0, "k"); !r.Allowed || r.Credit != 0 {
+		t.Fatalf("the credit: %+v, want admitted here, no id reported", r)
+	}
+	if r := l.Allow(t0, "k"); r.Allowed || r.Mark != 4 || r.Credit != 77 {
+		t.Fatalf("credit spent: %+v, want the caller to decide, credit 77", r)
+	}
+	l.Credit(t0, "k", 5, t0.Add(time.Second), 4, 78)
+	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 4 || r.Credit != 78 {
+		t.Fatalf("credit ended: %+v, want the caller to decide, credit 78", r)
+	}
+}
+
 // TestCreditAfterTheKeyMovedOn: a credit whose answer lands after the key
 // moved on (a lease put in force, or another mark) leaves the key as it
-// is.
+// is, and only records its id.
 func TestCreditAfterTheKeyMovedOn(t *testing.T) {
 	l := mustNew(t, Config{Limit: 100, Burst: 10})
 	l.SetNewMark(4)
 	l.Allow(t0, "k")
 	l.Lease(t0, "k", Share{Limit: 50, Burst: 5}, t0.Add(time.Second), 5, 5)
-	l.Credit(t0, "k", 1, t0.Add(time.Second), 4)
+	l.Credit(t0, "k", 1, t0.Add(time.Second), 4, 77)
 	for i := range 5 {
 		if r := l.Allow(t0, "k"); !r.Allowed || r.Mark != 0 {
 			t.Fatalf("decision %d on the lease after a late credit: %+v, want admitted by the lease", i, r)
 		}
 	}
-	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 5 {
-		t.Fatalf("the lease ended: %+v, want the caller to decide under mark 5", r)
+	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 5 || r.Credit != 77 {
+		t.Fatalf("the lease ended: %+v, want the caller to decide under mark 5, credit 77 named", r)
 	}
-	l.Credit(t0.Add(time.Second), "k", 3, t0.Add(2*time.Second), 4)
-	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 5 {
-		t.Fatalf("a credit under an older mark: %+v, want the caller to decide under mark 5", r)
+	l.Credit(t0.Add(time.Second), "k", 3, t0.Add(2*time.Second), 4, 78)
+	if r := l.Allow(t0.Add(time.Second), "k"); r.Allowed || r.Mark != 5 || r.Credit != 78 {
+		t.Fatalf("a credit under an older mark: %+v, want the caller to decide under mark 5, credit 78 named", r)
 	}
-	l.Credit(t0.Add(time.Second), "k", 2, t0.Add(2*time.Second), 5)
+	l.Credit(t0.Add(time.Second), "k", 2, t0.Add(2*time.Second), 5, 79)
 	if r := l.Allow(t0.Add(time.Second), "k"); !r.Allowed || r.Mark != 0 {
 		t.Fatalf("a credit under the key's mark: %+v, want admitted here", r)
 	}

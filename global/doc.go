@@ -38,13 +38,9 @@
 // Redis counts every instance at what it may run: what the lease records
 // hold plus the pool never exceed the rate, nor the burst.
 //
-// An exact admission may also hand the instance a few tokens ahead of its
-// next requests (credit, PoolTake.Extra), which it admits locally. Its
-// record counts them until they end or its next take names them
-// (PoolTake.CreditID): the pool refills up to its burst less the live
-// credits, piecewise across their ends, so the pool and the credits
-// together never hold more than the pool's burst, and a credit that ends
-// never makes the pool jump.
+// An exact admission may also hand the instance tokens ahead of its next
+// requests (credit, PoolTake.Extra), which its record counts out of the
+// pool until they end or its next take names them (PoolTake.CreditID).
 //
 // Each instance numbers its placements of a key with a generation (Gen,
 // 1 to 255, compared modulo 256) bumped at every change of placement. An

@@ -12,11 +12,10 @@
 -- Had the tokens never been taken, the pool would have been full sooner
 -- and lost up to a refill's worth of them since (at most rate per
 -- second): only the rest goes back, and never above the pool's burst (its
--- fraction of the limit's, pool_frac) less the live credits (pool_cap),
--- so that the pool holds at most what
--- it would hold had the request never come, and what the cluster admits,
--- less the requests given back, stays within rate·w + burst. A missing
--- pool is full: it takes nothing back. No record changes.
+-- fraction of the limit's, pool_frac) less the live credits (pool_cap), so
+-- that the pool holds at most what it would hold had the request never
+-- come, and what the cluster admits, less the requests given back, stays
+-- within rate·w + burst. A missing pool is full: it takes nothing back.
 --
 -- Returns the pool's tokens after the give, as a string.
 

@@ -274,12 +274,10 @@ local function credits_after(credits, t)
   return s
 end
 
--- credit_beyond_others is the live credit of the other instances' records
--- of h at now beyond their leases' parts of the burst (burst * holds /
--- rate): an instance that spends its credit until its grant is in force,
--- and then a lease bucket that starts from what is left of it, admits at
--- most the larger of the two at once. An exact record's credit counts
--- whole.
+-- credit_beyond_others is the other instances' live credit at now beyond
+-- their leases' parts of the burst (a lease's bucket starts from what is
+-- left of its credit: the two are never both spent); an exact record's
+-- counts whole.
 local function credit_beyond_others(h, now, rate, burst)
   local s = 0
   for _, l in ipairs(h.leases) do s = s + math.max(0, credit_of(l, now) - burst * holds(l, now) / rate) end
@@ -295,12 +293,11 @@ end
 
 -- pool_at is what pool p (nil: none, which is full) holds at now, refilled
 -- since it was stored at a fraction f of rate, up to that fraction of
--- burst less the credits live (pool_cap). Every credit was handed at or
--- before the pool's last write (each hand-out writes it), so the cap only
--- rises between then and now, as credits end: the pool refills piecewise
--- across their ends, and a credit that ends lets it refill from then on,
--- never jump. The server clock may step back after a failover: the pool
--- never refills negatively.
+-- burst less the live credits (pool_cap). Every credit was handed at or
+-- before the pool's last write, so the cap only rises since, as credits
+-- end: the pool refills piecewise across their ends, never jumps. The
+-- server clock may step back after a failover: it never refills
+-- negatively.
 local function pool_at(p, now, rate, burst, f, credits)
   if p == nil then return pool_cap(burst, f, credits, now) end
   local ends = {}

@@ -80,9 +80,9 @@ const MaxKeyBytes = 128
 // hashed if it is longer than MaxKeyBytes, holds a brace or starts with
 // "#". The braces are a Redis Cluster hash tag, the same as BucketKey's:
 // all the keys of one (limit, key) live in one slot. The "v4" names the
-// version of the records (placement version 3, its records counting
-// credit), so that records of another version are never read as these. Limit names should not contain ':', or two
-// (limit, key) pairs may share a key.
+// version of the records, so that records of another version are never
+// read as these. Limit names should not contain ':', or two (limit, key)
+// pairs may share a key.
 func (s *Store) RecordKey(limit, key string) string {
 	return s.prefix + ":v4:" + hashTag(limit, key)
 }

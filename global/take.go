@@ -71,16 +71,11 @@ type PoolTake struct {
 	// second; a take that starts a record starts it at N per second.
 	Asked int64
 	// Extra is the most tokens, at least 0, to take beyond N with an
-	// admission, ahead of the instance's next requests (Take.Credit): the
-	// instance's demand on the key (as measured from Asked) over
-	// CreditTTL, at least 1 token and at most Extra, only from a pool
-	// that stays at least half full of its burst after them, so that a
-	// key near its limit gets none, and only to an instance whose record
-	// holds no live credit. The instance admits them locally within CreditTTL of sending
-	// the take, or loses them. Redis counts them out of the pool until
-	// CreditTTL has passed or a take names them (CreditID): the pool and
-	// the live credits together hold at most the pool's burst, and a
-	// credit that ends lets the pool refill from then on, not jump.
+	// admission, ahead of the instance's next requests (Take.Credit): its
+	// demand over CreditTTL, at least 1, only from a pool that stays at
+	// least half full after them and only to an instance without a live
+	// credit. Redis counts them out of the pool until CreditTTL has passed
+	// or a take names them (CreditID); see docs/protocol.md#credit.
 	Extra int
 	// CreditTTL is how long a credit handed by this take lives, at least
 	// one microsecond when Extra is above 0.
@@ -131,12 +126,10 @@ func (r *PoolTake) validate() error {
 // caller's own included when the take keeps it; while Redis has lost
 // records (see LeaseGrant.Lost), at most X/Instances, X being the exact
 // users, the caller counted as one unless the take keeps its lease. It
-// refills at its rate up to its burst less the credits live (see
-// PoolTake.Extra), piecewise across the ends of the credits, so that a
-// credit that ends lets the pool refill from then on; a pool that does
-// not exist yet is full, so a client's burst of up to Burst on a fresh key
-// is admitted whole. The Take reports the pool's rate and burst
-// (Take.PoolRate, Take.PoolBurst); RetryAfter
+// refills at its rate up to its burst less the live credits (see
+// PoolTake.Extra); a pool that does not exist yet is full, so a client's
+// burst of up to Burst on a fresh key is admitted whole. The Take reports
+// both (Take.PoolRate, Take.PoolBurst); RetryAfter
 // is Never when r.N exceeds the pool's burst or its rate is 0, so the
 // caller may ask again once the leases have shrunk.
 //

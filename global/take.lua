@@ -14,16 +14,11 @@
 --          on the key, this take's included (>= 0)
 -- ARGV[9]  extra (>= 0): with an admission, up to this many tokens more,
 --          taken ahead of the instance's next requests (credit), only
---          from a pool that stays at least half full of its burst: a key
---          near its limit gets none. The credit is the instance's
---          demand over credit_us, at least 1 token and at most extra, and
---          handed only to an instance without a live credit
--- ARGV[10] credit_id (0 to 2^32-1): the id of the last credit the instance
---          was handed on the key (0: none), which it has spent or let end:
---          a live credit of that id stops counting from now (a credit of
---          id 0 lives until it ends)
--- ARGV[11] credit_us (>= 0): how long a credit handed now lives; 0 hands
---          none
+--          from a pool that stays at least half full, its demand over
+--          credit_us (at least 1), to an instance without a live credit
+-- ARGV[10] credit_id (0 to 2^32-1): the instance's last credit (0: none),
+--          spent or ended there: if live, it stops counting from now
+-- ARGV[11] credit_us (>= 0): how long a credit handed now lives; 0: none
 --
 -- The instance's record, by its generation and the take's:
 --   a lease as new as the take or newer: the lease was asked for in the
@@ -37,9 +32,6 @@
 --     what the instance asked for since (asked less the record's);
 --   none, or an older exact record: a new exact record, at the demand of
 --     this take's tokens.
---
--- Every record of the instance carries its live credit over (see
--- placement.lua), stale or not.
 --
 -- Returns {allowed, tokens left, retry_us, pool_rate, pool_burst, turn_us,
 -- credit, now_us}

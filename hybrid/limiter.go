@@ -618,30 +618,10 @@ func (l *Limiter) takeFailed(ls *limitEntry, key string, mark uint8, now time.Ti
 }
 
 // An allowed exact decision asks for creditTokens more, ahead of the key's
-// next requests here (credit), which Redis hands only from a pool that
-// stays at least half full and only to an instance without a live credit:
-// a key far from its limit, often a thin one, costs fewer scripts than
-// admissions, and a key near its limit gets none. They are admitted here
-// within creditLife of sending the take, or lost. Redis counts them out of
-// the pool until creditLife after the take ran, or until the key's next
-// take here, which names them (local.Result.Credit): the pool and the live
-// credits together never hold more than the pool's burst, so a window of
-// admissions holds at most rate·w + burst, credit included, and a grant
-// leaves the pool room for the other instances' live credits.
-//
-// Measured with go run ./bench (commands per 1000 decisions on keys, thin,
-// sticky, all at the same accuracy): one token for 2 s, 466, 617, 474; for
-// 10 s, 439, 609, 474 (uncounted, for 2 s: 451, 569, 474). A life of 10 s
-// kept more credits live, which the heavy instance's grant on a skewed key
-// left room for: TestInvariantsBoundAndUtilisation admitted 0.969-0.974 of
-// the exact bucket on skewed60, against 0.977-0.986 for 2 s. Credit sized
-// to the instance's demand over creditLife saved more (482, 638, 369 for
-// 10 s; with a pool half full of what it may hold beside the others'
-// credits, 419, 540, 368) but the light instances of a skewed key, exact
-// ones, then hold up to half the pool as credit, which the heavy one's
-// grant leaves room for until it is spent or ends:
-// TestInvariantsBoundAndUtilisation admitted 0.963 of the exact bucket on
-// one skewed key and 0.914 on ten (want 0.97).
+// next requests here (credit): Redis hands them only from a pool that stays
+// at least half full, and counts them out of the pool until they end or the
+// key's next take names them (docs/protocol.md#credit). What else was
+// tried, and why a token for 2 s: PLACEMENT.md.
 const (
 	creditTokens = 1
 	creditLife   = 2 * time.Second

@@ -187,9 +187,7 @@ func TestRedisClusterMasterDown(t *testing.T) {
 	}
 	for _, l := range inst {
 		for _, group := range groups {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := 0; ; i++ {
 					select {
 					case <-stop:
@@ -220,7 +218,7 @@ func TestRedisClusterMasterDown(t *testing.T) {
 						time.Sleep(time.Millisecond) // pace the load; waits for nothing
 					}
 				}
-			}()
+			})
 		}
 	}
 	defer func() { close(stop); wg.Wait() }()
